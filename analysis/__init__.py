@@ -1,0 +1,1 @@
+"""Reading specbench run directories for tables, fits and figures."""

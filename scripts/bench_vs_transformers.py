@@ -1,0 +1,120 @@
+"""Side-by-side speed of specbench's loop and transformers' ``generate()`` on the same model and questions.
+
+For every question, in one process and back to back (order rotated per question so drift hits all alike):
+  transformers greedy  generate(do_sample=False)
+  specbench ar         the decoding loop with no drafter
+  transformers PLD     generate(prompt_lookup_num_tokens=N, max_matching_ngram_size=M)
+  specbench pld        the decoding loop with the PLD drafter, same N and M
+All four must produce the same tokens (greedy decoding is deterministic); the script says so if not.
+Prints tokens/s per task and the ratios ours/theirs (Spec-Bench style: per-question tokens/s, averaged),
+the share of each step spent outside the target's forward pass, and the target's verify-latency curve.
+
+    python scripts/bench_vs_transformers.py --limit-per-task 2 --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+
+from specbench.config import compose
+from specbench.data import TASKS, read_questions, select_questions
+from specbench.decoding.loop import Decoder, VerifyShapes
+from specbench.drafters.ar import NoDraft
+from specbench.drafters.pld import PromptLookup
+
+METHODS = ("hf-greedy", "ours-ar", "hf-pld", "ours-pld")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="a config in conf/model/")
+    parser.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: built-in sample set)")
+    parser.add_argument("--limit-per-task", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--num-draft-tokens", type=int, default=10, help="PLD draft length (both sides)")
+    parser.add_argument("--max-ngram", type=int, default=3, help="PLD longest matched n-gram (both sides)")
+    parser.add_argument("--verify-padding", choices=("auto", "off"), default="auto")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--linear-backend", choices=("auto", "aten", "onednn"), default="auto",
+                        help="kernels of the shared model's linear layers (both sides use the same model)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    cfg = compose([f"model={args.model}"])
+    target = instantiate(cfg.model, device=cfg.run.device, linear_backend=args.linear_backend)
+    model = target.model
+    eos = sorted(target.eos_token_ids)
+    questions = select_questions(read_questions(args.questions), list(TASKS), args.limit_per_task)
+    decoder = Decoder(model, target.eos_token_ids, max_draft_tokens=64)
+    pld = PromptLookup(max_ngram_size=args.max_ngram, num_draft_tokens=args.num_draft_tokens)
+    ar = NoDraft()
+
+    def hf_generate(ids, **extra):
+        input_ids = torch.tensor([ids], device=target.device)
+        output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=eos[0], **extra)
+        return output[0, len(ids):].tolist()
+
+    def run(method, ids):
+        began = time.perf_counter()
+        if method == "hf-greedy":
+            return hf_generate(ids), time.perf_counter() - began, None
+        if method == "hf-pld":
+            tokens = hf_generate(ids, prompt_lookup_num_tokens=args.num_draft_tokens,
+                                 max_matching_ngram_size=args.max_ngram)
+            return tokens, time.perf_counter() - began, None
+        generation = decoder.generate(ids, ar if method == "ours-ar" else pld, args.max_new_tokens)
+        return generation.token_ids, generation.wall_s, generation.steps
+
+    first_prompt = target.encode_conversation([questions[0].turns[0]], [])
+    for method in METHODS:  # warm-up, untimed
+        run(method, first_prompt[: min(len(first_prompt), 256)])
+    if args.verify_padding == "auto":
+        sizes = list(range(1, min(16, args.num_draft_tokens + 1) + 1))
+        latencies = decoder.measure_verify_latency(first_prompt, sizes, repeats=3)
+        decoder.verify_shapes = VerifyShapes.from_latencies(latencies, min_gain=0.1)
+        print("verify latency (ms) by tokens verified:",
+              ", ".join(f"{size}:{latencies[size] * 1e3:.1f}" for size in sizes))
+        print("padding:", {s: decoder.verify_shapes.padded(s) for s in sizes if decoder.verify_shapes.padded(s) != s})
+
+    speeds = defaultdict(lambda: defaultdict(list))  # task -> method -> tokens/s per question
+    outside_forward = defaultdict(lambda: [0.0, 0.0])  # method -> [seconds outside forwards, step seconds]
+    mismatches = []
+    for index, prompt in enumerate(questions):
+        ids = target.encode_conversation([prompt.turns[0]], [])
+        order = METHODS[index % len(METHODS):] + METHODS[: index % len(METHODS)]
+        outputs = {}
+        for method in order:
+            tokens, seconds, steps = run(method, ids)
+            outputs[method] = tokens
+            speeds[prompt.task][method].append(len(tokens) / seconds)
+            speeds["overall"][method].append(len(tokens) / seconds)
+            if steps:
+                for step in steps[1:]:
+                    outside_forward[method][0] += step.draft_s + step.overhead_s
+                    outside_forward[method][1] += step.draft_s + step.verify_s + step.overhead_s
+        if any(outputs[m] != outputs["hf-greedy"] for m in METHODS):
+            mismatches.append(prompt.question_id)
+        print(f"q{prompt.question_id} ({prompt.task}): " + ", ".join(
+            f"{m} {speeds[prompt.task][m][-1]:.1f} tok/s" for m in METHODS), flush=True)
+
+    print()
+    print(f"{'task':16}{'hf greedy':>10}{'ours ar':>10}{'ar ratio':>10}{'hf pld':>10}{'ours pld':>10}{'pld ratio':>10}")
+    for task, by_method in speeds.items():
+        mean = {m: float(np.mean(by_method[m])) for m in METHODS}
+        print(f"{task:16}{mean['hf-greedy']:10.2f}{mean['ours-ar']:10.2f}{mean['ours-ar'] / mean['hf-greedy']:9.3f}x"
+              f"{mean['hf-pld']:10.2f}{mean['ours-pld']:10.2f}{mean['ours-pld'] / mean['hf-pld']:9.3f}x")
+    for method, (outside, total) in outside_forward.items():
+        print(f"{method}: time outside the target's forward pass = {100 * outside / total:.2f}% of step time")
+    print("outputs identical across all four:", "yes" if not mismatches else f"NO, questions {mismatches}")
+
+
+if __name__ == "__main__":
+    main()

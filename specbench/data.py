@@ -1,0 +1,121 @@
+"""Benchmark questions in Spec-Bench's ``question.jsonl`` schema: {"question_id", "category", "turns"}.
+
+Spec-Bench's six tasks are MT-bench (whose eight categories all map to the task ``mt_bench``),
+translation, summarization, qa, math_reasoning and rag.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbench.errors import SpecbenchError
+
+TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+HUB_PREFIX = "hf:"
+SAMPLE_QUESTIONS = Path(__file__).parent / "data" / "sample_questions.jsonl"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark question; MT-bench questions have two turns, the others one."""
+
+    question_id: int | str
+    category: str
+    task: str
+    turns: tuple[str, ...]
+
+
+def task_of(category: str) -> str | None:
+    """Spec-Bench task of a question category, or None when the category belongs to no task."""
+    if category in MT_BENCH_CATEGORIES:
+        return "mt_bench"
+    return category if category in TASKS else None
+
+
+def parse_questions(lines, source: str) -> list[Prompt]:
+    """Questions from JSON lines; ``source`` names the file in error messages."""
+    prompts, seen = [], set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise SpecbenchError(f"{where}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise SpecbenchError(f"{where}: expected a JSON object with question_id, category and turns")
+        missing = [key for key in ("question_id", "category", "turns") if key not in record]
+        if missing:
+            raise SpecbenchError(f"{where}: missing {', '.join(missing)}")
+        turns = record["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise SpecbenchError(f"{where}: turns must be a non-empty list of strings")
+        category = record["category"]
+        task = task_of(category)
+        if task is None:
+            raise SpecbenchError(
+                f"{where}: category {category!r} belongs to no task; expected one of "
+                f"{', '.join(TASKS[1:])} or an MT-bench category ({', '.join(MT_BENCH_CATEGORIES)})"
+            )
+        question_id = record["question_id"]
+        if question_id in seen:
+            raise SpecbenchError(f"{where}: question_id {question_id!r} appears twice")
+        seen.add(question_id)
+        prompts.append(Prompt(question_id, category, task, tuple(turns)))
+    if not prompts:
+        raise SpecbenchError(f"{source}: holds no questions")
+    return prompts
+
+
+def read_questions(path: str | None) -> list[Prompt]:
+    """Questions from a local file, from a hub dataset (``hf:owner/name`` or ``hf:owner/name:file.jsonl``),
+    or, when ``path`` is None, the built-in sample set written for specbench."""
+    if path is None:
+        text = SAMPLE_QUESTIONS.read_text(encoding="utf-8")
+        return parse_questions(text.splitlines(), "built-in sample set")
+    if path.startswith(HUB_PREFIX):
+        path = _download_hub_questions(path[len(HUB_PREFIX):])
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise SpecbenchError(f"task.path={path}: no such file")
+    with file.open(encoding="utf-8") as handle:
+        return parse_questions(handle, str(file))
+
+
+def _download_hub_questions(spec: str) -> str:
+    repo_id, _, filename = spec.partition(":")
+    filename = filename or "question.jsonl"
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return hf_hub_download(repo_id=repo_id, filename=filename, repo_type="dataset")
+    except Exception as error:  # not cached and the hub is unreachable, or no such dataset/file
+        raise SpecbenchError(
+            f"task.path={HUB_PREFIX}{spec}: could not get {filename} from hub dataset {repo_id} "
+            f"({type(error).__name__}); pass a local question.jsonl instead"
+        ) from None
+
+
+def select_questions(prompts: list[Prompt], tasks: list[str], limit_per_task: int | None) -> list[Prompt]:
+    """The questions of ``tasks`` in file order, at most ``limit_per_task`` of each."""
+    unknown = [task for task in tasks if task not in TASKS]
+    if unknown:
+        raise SpecbenchError(f"task.tasks has unknown task(s) {', '.join(unknown)}; valid: {', '.join(TASKS)}")
+    if limit_per_task is not None and (not isinstance(limit_per_task, int) or limit_per_task < 1):
+        raise SpecbenchError(f"task.limit_per_task must be a positive integer or null, got {limit_per_task!r}")
+    taken: dict[str, int] = {}
+    selected = []
+    for prompt in prompts:
+        if prompt.task not in tasks:
+            continue
+        if limit_per_task is not None and taken.get(prompt.task, 0) >= limit_per_task:
+            continue
+        taken[prompt.task] = taken.get(prompt.task, 0) + 1
+        selected.append(prompt)
+    if not selected:
+        raise SpecbenchError(f"no questions for task(s) {', '.join(tasks)} in the question file")
+    return selected

@@ -1,0 +1,1 @@
+"""Decoding core: draft trees, verification, the KV cache and the one decoding loop."""

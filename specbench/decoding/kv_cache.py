@@ -1,0 +1,112 @@
+"""A KV cache that appends in place and keeps only the accepted path of a verified tree.
+
+transformers' DynamicLayer appends with ``torch.cat``, copying the whole history of every layer on every
+forward pass; on a CPU that copy is a visible share of a decoding step. Here each layer owns a buffer that
+grows by doubling, a forward pass writes its new keys/values into the free tail and reads a view of the
+filled part, and discarding rejected draft tokens is only a change of the filled length (plus, for a tree,
+moving the accepted nodes' entries next to each other).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class _GrowingLayer(DynamicLayer):
+    """One layer's keys/values in a buffer [batch, kv_heads, capacity, head_dim] filled up to ``length``."""
+
+    def __init__(self, initial_capacity: int):
+        super().__init__()
+        self._capacity = max(int(initial_capacity), 1)
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        shape = (*key_states.shape[:2], self._capacity, key_states.shape[-1])
+        self._key_buffer = key_states.new_empty(shape)
+        self._value_buffer = value_states.new_empty((*value_states.shape[:2], self._capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def _grow(self, needed: int) -> None:
+        capacity = self._key_buffer.shape[-2]
+        while capacity < needed:
+            capacity *= 2
+        for name in ("_key_buffer", "_value_buffer"):
+            old = getattr(self, name)
+            new = old.new_empty((*old.shape[:2], capacity, old.shape[-1]))
+            new[..., : self.length, :] = old[..., : self.length, :]
+            setattr(self, name, new)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self._key_buffer.shape[-2]:
+            self._grow(end)
+        self._key_buffer[..., self.length : end, :] = key_states
+        self._value_buffer[..., self.length : end, :] = value_states
+        self.length = end
+        self.keys = self._key_buffer[..., :end, :]
+        self.values = self._value_buffer[..., :end, :]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count of tokens to remove")
+        self.truncate(self.length + tokens_to_remove)
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+        if self.is_initialized:
+            self.keys = self._key_buffer[..., : self.length, :]
+            self.values = self._value_buffer[..., : self.length, :]
+
+    def keep(self, start: int, offsets: torch.Tensor | None, count: int) -> None:
+        """Keep ``count`` entries: those at ``start + offsets`` move to ``start, start+1, ...``.
+
+        offsets=None means the first ``count`` entries after ``start`` already are the ones to keep.
+        """
+        if offsets is not None and self.is_initialized:
+            source = offsets + start
+            self._key_buffer[..., start : start + count, :] = self._key_buffer.index_select(-2, source)
+            self._value_buffer[..., start : start + count, :] = self._value_buffer.index_select(-2, source)
+        self.length = start + count
+        if self.is_initialized:
+            self.keys = self._key_buffer[..., : self.length, :]
+            self.values = self._value_buffer[..., : self.length, :]
+
+
+class TreeKVCache(Cache):
+    """A transformers ``Cache`` of growing layers, for one sequence (batch size 1)."""
+
+    def __init__(self, num_layers: int, initial_capacity: int):
+        super().__init__(layers=[_GrowingLayer(initial_capacity) for _ in range(num_layers)])
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def truncate(self, length: int) -> None:
+        """Forget every entry from position ``length`` on."""
+        for layer in self.layers:
+            layer.truncate(length)
+
+    def keep_nodes(self, start: int, node_indices: list[int]) -> None:
+        """After verifying nodes written from position ``start``, keep only ``node_indices`` (ascending, node
+        0 first) and drop the rest. A chain's accepted prefix is already in place, so nothing moves."""
+        count = len(node_indices)
+        contiguous = node_indices[-1] == count - 1
+        offsets = None
+        if not contiguous:
+            offsets = torch.tensor(node_indices, dtype=torch.long, device=self.layers[0].device)
+        for layer in self.layers:
+            layer.keep(start, offsets, count)

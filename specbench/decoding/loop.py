@@ -1,0 +1,267 @@
+"""The one decoding loop that every method runs through, the autoregressive baseline included."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from specbench.decoding.kv_cache import TreeKVCache
+from specbench.decoding.tree import (
+    ancestor_matrix,
+    chain_parents,
+    greedy_accepted_path,
+    node_depths,
+    node_parents,
+    reindex_parents,
+    subtree_within_depth,
+)
+from specbench.drafters.base import Draft, Drafter, StepOutcome
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Timings and counts of one decoding step. Step 0 is the prefill, which yields the first token.
+
+    draft_tokens:    draft tokens verified (after the cut to the remaining budget).
+    verify_tokens:   tokens in the target's forward pass: last committed token + draft + shape padding
+                     (for the prefill: the prompt length).
+    accepted_tokens: tokens appended to the output, the bonus token included.
+    draft_s:         time in the drafter (propose and accept).
+    verify_s:        time in the target's forward pass, up to reading its choices back on the host.
+    overhead_s:      everything else the loop does in the step (building inputs, acceptance, cache upkeep).
+    context_len:     prompt + generated tokens before the step.
+    """
+
+    step: int
+    draft_tokens: int
+    verify_tokens: int
+    accepted_tokens: int
+    draft_s: float
+    verify_s: float
+    overhead_s: float
+    context_len: int
+
+
+@dataclass
+class Generation:
+    """The result of decoding one prompt."""
+
+    token_ids: list[int]
+    steps: list[StepRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+    finish_reason: str = "length"
+
+
+class VerifyShapes:
+    """Maps the number of tokens a step must verify to the number it should feed the target.
+
+    On some hardware a forward pass over a few more tokens is faster than over fewer (on a 2-core CPU with
+    MKL, 2-3 tokens are slower than 4, because small matrix products take a slower kernel). Padding a step
+    to the faster shape with tokens that nothing attends to, and whose outputs are dropped, is then free.
+    ``pad_to[q]`` is the shape used for q tokens; shapes beyond the table are used as they are.
+    """
+
+    def __init__(self, pad_to: list[int] | None = None):
+        self.pad_to = list(pad_to or [])
+
+    def padded(self, size: int) -> int:
+        return self.pad_to[size] if size < len(self.pad_to) else size
+
+    @staticmethod
+    def from_latencies(latencies: dict[int, float], min_gain: float) -> "VerifyShapes":
+        """Pad q to the shape q' >= q with the lowest measured latency, when it beats q's by ``min_gain``
+        (a fraction) or more; small differences are noise and are left alone."""
+        largest = max(latencies)
+        pad_to = list(range(largest + 1))
+        for size in range(1, largest + 1):
+            best = min(range(size, largest + 1), key=lambda s: latencies[s])
+            if latencies[best] < latencies[size] * (1.0 - min_gain):
+                pad_to[size] = best
+        return VerifyShapes(pad_to)
+
+
+class Decoder:
+    """Runs prefill + draft/verify steps on a target model with greedy verification.
+
+    The target's outputs are identical to plain greedy decoding: every appended token is the target's own
+    argmax given all tokens before it; a drafter only changes how many of them one forward pass settles.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: frozenset[int],
+        max_draft_tokens: int,
+        verify_shapes: VerifyShapes | None = None,
+    ):
+        self.model = model
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.max_draft_tokens = int(max_draft_tokens)
+        self.verify_shapes = verify_shapes or VerifyShapes()
+        self.device = next(model.parameters()).device
+        self.num_layers = model.config.get_text_config().num_hidden_layers
+        if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "flash_attention_2"):
+            # A boolean 4-D mask means "may attend" to SDPA; eager attention would add it as a bias.
+            raise ValueError("the target model must use SDPA attention for tree verification")
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int, on_step=None) -> Generation:
+        """Greedy-decode up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after an EOS token.
+
+        on_step: optional ``callable(tokens_generated, seconds_elapsed)`` called after every step, for
+        progress display; it should return quickly, since its time counts in the wall time.
+        """
+        clock = time.perf_counter
+        prompt = np.asarray(prompt_ids, dtype=np.int64)
+        capacity = prompt.size + max_new_tokens + self.max_draft_tokens + 1
+        context = np.empty(capacity, dtype=np.int64)
+        context[: prompt.size] = prompt
+        length = prompt.size
+        cache = TreeKVCache(self.num_layers, capacity)
+        generation = Generation(token_ids=[])
+
+        self._synchronize()
+        started = clock()
+        drafter.begin(prompt)
+        after_begin = clock()
+        first = self._prefill(cache, prompt)
+        after_prefill = clock()
+        context[length] = first
+        length += 1
+        drafter.accept(context[length - 1 : length], StepOutcome(Draft.empty(), np.array([first]), ()))
+        done = clock()
+        generation.token_ids.append(first)
+        generation.steps.append(
+            StepRecord(0, 0, prompt.size, 1, (after_begin - started) + (done - after_prefill),
+                       after_prefill - after_begin, 0.0, prompt.size)
+        )
+        if first in self.eos_token_ids:
+            generation.finish_reason = "eos"
+
+        step = 0
+        while generation.finish_reason != "eos" and len(generation.token_ids) < max_new_tokens:
+            step += 1
+            step_started = clock()
+            draft = drafter.propose(context[:length])
+            drafted = clock()
+
+            # The step may add at most `remaining` tokens, one of which is the bonus token.
+            remaining = max_new_tokens - len(generation.token_ids)
+            draft_tokens, draft_parents = self._fit(draft, max_depth=remaining - 1)
+            parents = node_parents(draft_parents)
+            node_tokens = np.concatenate(([context[length - 1]], draft_tokens))
+            start = cache.length
+            inputs = self._verification_inputs(node_tokens, parents, start)
+            built = clock()
+
+            target_tokens = self._forward(cache, *inputs)[: parents.size]
+            verified = clock()
+
+            path = greedy_accepted_path(parents, node_tokens, target_tokens)
+            new_tokens = [int(t) for t in node_tokens[path]] + [int(target_tokens[path[-1] if path else 0])]
+            for cut, token in enumerate(new_tokens):
+                if token in self.eos_token_ids:
+                    new_tokens = new_tokens[: cut + 1]
+                    generation.finish_reason = "eos"
+                    break
+            cache.keep_nodes(start, [0, *path])
+            context[length : length + len(new_tokens)] = new_tokens
+            length += len(new_tokens)
+            generation.token_ids.extend(new_tokens)
+            bookkept = clock()
+
+            if len(draft) != draft_tokens.size:
+                draft = Draft(torch.from_numpy(draft_tokens), torch.from_numpy(draft_parents))
+            outcome = StepOutcome(draft, target_tokens, tuple(node - 1 for node in path))
+            drafter.accept(context[length - len(new_tokens) : length], outcome)
+            step_done = clock()
+
+            generation.steps.append(
+                StepRecord(
+                    step=step,
+                    draft_tokens=int(draft_tokens.size),
+                    verify_tokens=int(inputs[0].shape[1]),
+                    accepted_tokens=len(new_tokens),
+                    draft_s=(drafted - step_started) + (step_done - bookkept),
+                    verify_s=verified - built,
+                    overhead_s=(built - drafted) + (bookkept - verified),
+                    context_len=length - len(new_tokens),
+                )
+            )
+            if on_step is not None:
+                on_step(len(generation.token_ids), clock() - started)
+        generation.wall_s = clock() - started
+        return generation
+
+    def _fit(self, draft: Draft, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """The draft as numpy (tokens, parents), cut to paths of at most ``max_depth`` tokens and at most
+        ``max_draft_tokens`` nodes."""
+        tokens = draft.token_ids.numpy()
+        if draft.parents is None:
+            count = min(tokens.size, max_depth, self.max_draft_tokens)
+            return tokens[:count], chain_parents(count)
+        parents = draft.parents.numpy()
+        keep = subtree_within_depth(parents, max_depth, self.max_draft_tokens)
+        if keep.size == tokens.size:
+            return tokens, parents
+        return tokens[keep], reindex_parents(parents, keep)
+
+    def _verification_inputs(self, node_tokens: np.ndarray, parents: np.ndarray, start: int):
+        """input ids [1, q], position ids [1, q] and the boolean attention mask [1, 1, q, start + q] for the
+        root + draft nodes, padded to the verify shape with copies of the root that nothing attends to."""
+        n_nodes = parents.size
+        size = self.verify_shapes.padded(n_nodes)
+        tokens = np.empty(size, dtype=np.int64)
+        tokens[:n_nodes] = node_tokens
+        tokens[n_nodes:] = node_tokens[0]
+        positions = np.full(size, start, dtype=np.int64)
+        positions[:n_nodes] += node_depths(parents)
+        visible = np.zeros((size, size), dtype=bool)
+        visible[:n_nodes, :n_nodes] = ancestor_matrix(parents)
+        visible[np.arange(n_nodes, size), np.arange(n_nodes, size)] = True
+        mask = torch.ones((1, 1, size, start + size), dtype=torch.bool)
+        mask[0, 0, :, start:] = torch.from_numpy(visible)
+        return (
+            torch.from_numpy(tokens).to(self.device).unsqueeze(0),
+            torch.from_numpy(positions).to(self.device).unsqueeze(0),
+            mask.to(self.device),
+        )
+
+    def _prefill(self, cache: TreeKVCache, prompt: np.ndarray) -> int:
+        input_ids = torch.from_numpy(prompt).to(self.device).unsqueeze(0)
+        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+        return int(logits[0, -1].argmax())
+
+    def _forward(self, cache: TreeKVCache, input_ids, position_ids, mask) -> np.ndarray:
+        logits = self.model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True
+        ).logits
+        return logits[0].argmax(dim=-1).cpu().numpy()
+
+    @torch.inference_mode()
+    def measure_verify_latency(self, prompt_ids: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
+        """Median seconds of one verification forward pass over q tokens, for each q in ``sizes``, on top
+        of the KV cache of ``prompt_ids``. Repeats are interleaved across sizes so drift hits all alike."""
+        prompt = np.asarray(prompt_ids, dtype=np.int64)
+        cache = TreeKVCache(self.num_layers, prompt.size + max(sizes))
+        self._prefill(cache, prompt)
+        start = cache.length
+        timings: dict[int, list[float]] = {size: [] for size in sizes}
+        for _ in range(repeats):
+            for size in sizes:
+                parents = node_parents(chain_parents(size - 1))
+                node_tokens = np.resize(prompt, size)
+                inputs = self._verification_inputs(node_tokens, parents, start)
+                self._synchronize()
+                began = time.perf_counter()
+                self._forward(cache, *inputs)
+                timings[size].append(time.perf_counter() - began)
+                cache.truncate(start)
+        return {size: float(np.median(values)) for size, values in timings.items()}

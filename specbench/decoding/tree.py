@@ -1,0 +1,114 @@
+"""Pure functions over draft trees.
+
+A draft of n tokens is a forest under the *root*, the last committed token, which the target has not
+seen yet. Verification feeds root + draft in one forward pass; the indices below are "node" indices into
+that pass: node 0 is the root and node i (1..n) is draft token i-1. ``parents[i]`` is the node index of
+draft token i's parent in the *draft* numbering, -1 meaning the root; parents always precede children.
+
+Worked example: draft tokens [a, b, c, d] with parents [-1, 0, -1, 2] are two branches root->a->b and
+root->c->d. As nodes: 0=root, 1=a, 2=b, 3=c, 4=d; node_parents = [-1, 0, 1, 0, 3]; depths = [0, 1, 2, 1, 2].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def chain_parents(n: int) -> np.ndarray:
+    """Parents of an n-token chain in draft numbering: [-1, 0, 1, ..., n-2]."""
+    return np.arange(-1, n - 1, dtype=np.int64)
+
+
+def node_parents(draft_parents: np.ndarray) -> np.ndarray:
+    """Parents in node numbering (root = node 0, its parent -1), from parents in draft numbering."""
+    draft_parents = np.asarray(draft_parents, dtype=np.int64)
+    assert draft_parents.ndim == 1
+    if draft_parents.size and np.any(draft_parents >= np.arange(draft_parents.size)):
+        raise ValueError("draft parents must precede their children (parents[i] < i)")
+    return np.concatenate(([-1], draft_parents + 1))
+
+
+def node_depths(parents: np.ndarray) -> np.ndarray:
+    """Depth of every node (root = 0) from node-numbered parents."""
+    depths = np.zeros(parents.size, dtype=np.int64)
+    for node in range(1, parents.size):
+        depths[node] = depths[parents[node]] + 1
+    return depths
+
+
+def is_chain(parents: np.ndarray) -> bool:
+    """True when node-numbered parents describe a single chain root -> 1 -> 2 -> ..."""
+    return bool(np.array_equal(parents, np.arange(-1, parents.size - 1)))
+
+
+def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
+    """[n_nodes, n_nodes] bool: entry (i, j) is True when node j is node i itself or one of its ancestors.
+
+    This is the block of the attention mask among the verified nodes: each node sees its own path only.
+    """
+    size = parents.size
+    visible = np.zeros((size, size), dtype=bool)
+    for node in range(size):
+        parent = parents[node]
+        if parent >= 0:
+            visible[node] = visible[parent]
+        visible[node, node] = True
+    return visible
+
+
+def subtree_within_depth(draft_parents: np.ndarray, max_depth: int, max_nodes: int) -> np.ndarray:
+    """Indices (draft numbering) of the nodes to keep so that no path is longer than ``max_depth`` and at
+    most ``max_nodes`` remain. Parents precede children, so a kept prefix of a valid order stays valid."""
+    depths = node_depths(node_parents(draft_parents))[1:]
+    keep = np.flatnonzero(depths <= max_depth)
+    return keep[:max_nodes]
+
+
+def reindex_parents(draft_parents: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Parents (draft numbering) of the kept nodes, renumbered to positions within ``keep``.
+
+    ``keep`` must be closed under taking parents (every kept node's parent is kept or is the root).
+    """
+    new_index = np.full(draft_parents.size, -1, dtype=np.int64)
+    new_index[keep] = np.arange(keep.size)
+    old_parents = draft_parents[keep]
+    renumbered = np.where(old_parents >= 0, new_index[np.maximum(old_parents, 0)], -1)
+    if np.any((old_parents >= 0) & (renumbered < 0)):
+        raise ValueError("kept nodes must include their parents")
+    return renumbered
+
+
+def greedy_accepted_path(
+    parents: np.ndarray, node_tokens: np.ndarray, target_tokens: np.ndarray, candidates: np.ndarray | None = None
+) -> list[int]:
+    """The longest root-to-node path whose tokens are the target's greedy choices, as node indices
+    (root excluded).
+
+    parents, node_tokens, target_tokens: [n_nodes] in node numbering. ``target_tokens[i]`` is the target's
+    argmax after node i, so node j is right when ``node_tokens[j] == target_tokens[parents[j]]``.
+    candidates: [n_nodes] bool, False for nodes that may not be accepted (padding, lookahead windows).
+    Ties between equally deep paths (duplicate branches) go to the lowest node index.
+
+    Example: parents [-1, 0, 1, 0], node tokens [r, 5, 6, 7], target argmax [5, 6, 9, 1]: node 1 (5) and
+    node 2 (6) match, node 3 (7 != 5) does not, so the path is [1, 2] and the bonus token is
+    target_tokens[2] = 9.
+    """
+    n_nodes = parents.size
+    on_path = np.zeros(n_nodes, dtype=bool)
+    on_path[0] = True
+    best, best_depth = 0, 0
+    depth = np.zeros(n_nodes, dtype=np.int64)
+    for node in range(1, n_nodes):
+        parent = parents[node]
+        if not on_path[parent] or (candidates is not None and not candidates[node]):
+            continue
+        if node_tokens[node] == target_tokens[parent]:
+            on_path[node] = True
+            depth[node] = depth[parent] + 1
+            if depth[node] > best_depth:
+                best, best_depth = node, depth[node]
+    path = []
+    while best > 0:
+        path.append(int(best))
+        best = parents[best]
+    return path[::-1]

@@ -1,0 +1,1 @@
+"""Drafters: one file per method, each built from ``conf/drafter/<name>.yaml``."""

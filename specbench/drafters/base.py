@@ -1,0 +1,95 @@
+"""The drafter interface: every speculative method differs from the others only here.
+
+A drafter is prepared once for a target model, then lives through one question at a time:
+
+    prepare(target)                 load what it needs for this target
+    begin(prompt_ids)               a new question: reset per-question state
+    propose(context_ids) -> Draft   candidate tokens for the next step (may be empty)
+    accept(accepted_ids, outcome)   what the target kept, so stateful drafters can learn from it
+
+Counting convention, used everywhere in specbench: a step's *accepted tokens* are the draft tokens the
+target agreed with plus the one token the target produces itself at the end of the accepted path (the
+bonus token). Plain autoregressive decoding therefore accepts exactly 1 token per step, as Spec-Bench's
+"mean accepted tokens" counts it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Candidate tokens for one step: a chain, or a tree flattened so that parents precede children.
+
+    token_ids: [n] candidate token ids.
+    parents:   [n] index (into token_ids) of each token's parent, -1 for a child of the last committed
+               token; None means a chain (token i follows token i-1).
+    probs:     [n, vocab] the distribution each token was drawn from; None for a deterministic drafter.
+    """
+
+    token_ids: torch.LongTensor
+    parents: torch.LongTensor | None = None
+    probs: torch.FloatTensor | None = None
+
+    def __post_init__(self):
+        assert self.token_ids.ndim == 1, "Draft.token_ids must be 1-D"
+        if self.parents is not None:
+            assert self.parents.shape == self.token_ids.shape, "Draft.parents must match token_ids"
+        if self.probs is not None:
+            assert self.probs.ndim == 2 and self.probs.shape[0] == self.token_ids.shape[0]
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @staticmethod
+    def empty() -> "Draft":
+        return Draft(token_ids=torch.empty(0, dtype=torch.long))
+
+    @staticmethod
+    def chain(token_ids) -> "Draft":
+        """A chain draft from any 1-D integer sequence (numpy array, list or tensor)."""
+        if isinstance(token_ids, np.ndarray):
+            return Draft(token_ids=torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)))
+        return Draft(token_ids=torch.as_tensor(token_ids, dtype=torch.long))
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the target decided in one step, handed to ``Drafter.accept``.
+
+    draft:          the draft as verified (possibly cut to the remaining token budget).
+    target_tokens:  [1 + len(draft)] the target's choice after the last committed token (index 0) and after
+                    each draft token (index i+1 for draft token i).
+    accepted_nodes: indices into the draft of the accepted path, in order.
+    """
+
+    draft: Draft
+    target_tokens: np.ndarray
+    accepted_nodes: tuple[int, ...]
+
+
+class Drafter(ABC):
+    """Base class of all drafters. Subclasses are built from ``conf/drafter/<name>.yaml``."""
+
+    #: name used in records and result tables; set from the config.
+    name: str = "drafter"
+
+    def prepare(self, target) -> None:
+        """Called once before the first question with the target (a ``specbench.models.LoadedModel``):
+        load databases or models, check that they fit the target's tokenizer, move to its device."""
+
+    def begin(self, prompt_ids: np.ndarray) -> None:
+        """Start a new question whose prompt is ``prompt_ids`` ([prompt_len] int64)."""
+
+    @abstractmethod
+    def propose(self, context_ids: np.ndarray) -> Draft:
+        """Candidate continuation of ``context_ids`` ([len] int64: prompt + tokens generated so far; a
+        read-only view owned by the loop). Return ``Draft.empty()`` when there is nothing worth verifying."""
+
+    def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
+        """The tokens appended to the context this step (accepted draft tokens + bonus token)."""

@@ -1,0 +1,113 @@
+"""Turning a (multi-turn) question into the prompt token ids a model was trained to see.
+
+A conversation is the user turns so far and the model's answers to all but the last of them; the prompt
+ends where the model's next answer begins. For MT-bench's second turn the prompt therefore holds the first
+question, the model's own first answer and the second question, as in Spec-Bench.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from specbench.errors import SpecbenchError
+
+VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+
+
+class PromptFormat(ABC):
+    """Renders a conversation to token ids with one tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    @abstractmethod
+    def encode(self, questions: list[str], answers: list[str]) -> list[int]:
+        """Token ids for ``questions`` (user turns) and ``answers`` (one fewer: the model's earlier answers)."""
+
+
+class ChatTemplate(PromptFormat):
+    """The tokenizer's own chat template (Hugging Face ``apply_chat_template``)."""
+
+    def __init__(self, tokenizer, system_message: str | None = None):
+        super().__init__(tokenizer)
+        if not getattr(tokenizer, "chat_template", None):
+            raise SpecbenchError("prompt_format=chat_template, but the tokenizer has no chat template")
+        self.system_message = system_message
+
+    def encode(self, questions, answers):
+        messages = [{"role": "system", "content": self.system_message}] if self.system_message else []
+        for index, question in enumerate(questions):
+            messages.append({"role": "user", "content": question})
+            if index < len(answers):
+                messages.append({"role": "assistant", "content": answers[index]})
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)
+        return list(encoded["input_ids"])
+
+
+class Vicuna(PromptFormat):
+    """FastChat's ``vicuna_v1.1`` conversation template, which Spec-Bench uses for Vicuna models:
+    ``SYSTEM USER: q1 ASSISTANT: a1</s>USER: q2 ASSISTANT:``, tokenized with the BOS token."""
+
+    def encode(self, questions, answers):
+        text = VICUNA_SYSTEM + " "
+        for index, question in enumerate(questions):
+            text += f"USER: {question} "
+            text += f"ASSISTANT: {answers[index]}</s>" if index < len(answers) else "ASSISTANT:"
+        return list(self.tokenizer.encode(text))
+
+
+class Llama2Chat(PromptFormat):
+    """FastChat's ``llama-2`` template (no system message, as in Spec-Bench):
+    ``[INST] q1 [/INST] a1 </s><s>[INST] q2 [/INST]``, tokenized with the BOS token."""
+
+    def encode(self, questions, answers):
+        text = ""
+        for index, question in enumerate(questions):
+            text += f"[INST] {question} [/INST]"
+            if index < len(answers):
+                text += f" {answers[index]} </s><s>"
+        return list(self.tokenizer.encode(text))
+
+
+class Plain(PromptFormat):
+    """``USER: q1\\nASSISTANT: a1\\nUSER: q2\\nASSISTANT:`` for models without a chat format (tests)."""
+
+    def encode(self, questions, answers):
+        text = ""
+        for index, question in enumerate(questions):
+            text += f"USER: {question}\nASSISTANT:"
+            if index < len(answers):
+                text += f" {answers[index]}\n"
+        return list(self.tokenizer.encode(text))
+
+
+PROMPT_FORMATS = {"chat_template": ChatTemplate, "vicuna": Vicuna, "llama2": Llama2Chat, "plain": Plain}
+
+
+def make_prompt_format(name: str, tokenizer, system_message: str | None = None) -> PromptFormat:
+    if name not in PROMPT_FORMATS:
+        raise SpecbenchError(f"model.prompt_format={name!r} is not known; choose one of {', '.join(PROMPT_FORMATS)}")
+    if name == "chat_template":
+        return ChatTemplate(tokenizer, system_message)
+    return PROMPT_FORMATS[name](tokenizer)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0-255, then BOS and EOS: a tokenizer that needs no files, for tiny models."""
+
+    def __init__(self):
+        self.bos_token_id = 256
+        self.eos_token_id = 257
+        self.vocab_size = 258
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [self.bos_token_id, *ids] if add_special_tokens else ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        data = bytes(int(i) for i in ids if int(i) < 256)
+        return data.decode("utf-8", errors="replace")

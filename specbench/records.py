@@ -1,0 +1,245 @@
+"""Result files of one run directory, written as questions finish so an interrupted run can resume.
+
+    run.json                 settings that make results comparable; a resumed run must match them
+    answers.jsonl            the method's answers, Spec-Bench model_answer schema (one line per question)
+    baseline_answers.jsonl   the paired autoregressive answers, same schema (absent with run.baseline=false)
+    steps.parquet            one row per decoding step of the method (columns: STEP_COLUMNS)
+    summary.json             per-task and overall speedup, acceptance, throughput (schema_version 1)
+
+Both answer files can be fed to Spec-Bench's own ``evaluation/speed.py`` as --file-path / --base-path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from specbench.data import TASKS, Prompt
+from specbench.decoding.loop import StepRecord
+from specbench.errors import SpecbenchError
+
+SCHEMA_VERSION = 1
+STEP_COLUMNS = ["question_id", "turn", *StepRecord.__dataclass_fields__]
+SUMMARY_KEYS = ("questions", "identical_to_baseline", "speedup", "mean_accepted_tokens", "tokens_per_s",
+                "baseline_tokens_per_s")
+
+
+@dataclass
+class Answer:
+    """One decoder's answer to one question: per turn the text, the token ids and the steps."""
+
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
+    steps: list[list[StepRecord]] = field(default_factory=list)
+    wall_times: list[float] = field(default_factory=list)
+
+    def to_record(self, prompt: Prompt, model_id: str, identical_to_baseline: bool | None) -> dict:
+        """Spec-Bench's model_answer line, plus a ``specbench`` key that Spec-Bench's scripts ignore.
+
+        accept_lengths has one entry per forward pass of the target (the prefill included), counting the
+        bonus token, so plain decoding gives [1, 1, ...] exactly as Spec-Bench's baseline records it.
+        """
+        choice = {
+            "index": 0,
+            "turns": self.texts,
+            "decoding_steps": [len(steps) for steps in self.steps],
+            "new_tokens": [len(ids) for ids in self.token_ids],
+            "wall_time": self.wall_times,
+            "accept_lengths": [step.accepted_tokens for steps in self.steps for step in steps],
+        }
+        return {
+            "question_id": prompt.question_id,
+            "category": prompt.category,
+            "answer_id": uuid.uuid4().hex,
+            "model_id": model_id,
+            "choices": [choice],
+            "tstamp": time.time(),
+            "specbench": {"task": prompt.task, "identical_to_baseline": identical_to_baseline},
+        }
+
+    def step_rows(self, question_id) -> list[dict]:
+        return [
+            {"question_id": question_id, "turn": turn, **asdict(step)}
+            for turn, steps in enumerate(self.steps)
+            for step in steps
+        ]
+
+
+def _write_atomically(path: Path, write) -> None:
+    staging = path.with_name(path.name + ".partial")
+    write(staging)
+    os.replace(staging, path)
+
+
+def _read_answer_lines(path: Path) -> list[dict]:
+    """Answer records of a file; a final line cut short by an interruption is dropped."""
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise SpecbenchError(f"{path}, line {number}: not valid JSON; the run directory is damaged") from None
+    return records
+
+
+class RunDirectory:
+    """Reads and writes the result files of one run directory."""
+
+    def __init__(self, path: str | Path, with_baseline: bool):
+        self.path = Path(path)
+        self.with_baseline = with_baseline
+        self.answers_file = self.path / "answers.jsonl"
+        self.baseline_file = self.path / "baseline_answers.jsonl"
+        self.steps_file = self.path / "steps.parquet"
+        self.summary_file = self.path / "summary.json"
+        self.settings_file = self.path / "run.json"
+        self.answers: list[dict] = []
+        self.baseline_answers: list[dict] = []
+        self._step_frames: list[pd.DataFrame] = []
+
+    def open(self, settings: dict) -> set:
+        """Check ``settings`` against an earlier run here, load what it finished and return the ids of the
+        finished questions. A question counts as finished only when all of its files were written."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.settings_file.is_file():
+            earlier = json.loads(self.settings_file.read_text())
+            changed = [key for key in sorted(set(earlier) | set(settings)) if earlier.get(key) != settings.get(key)]
+            if changed:
+                details = "; ".join(f"{key}: {earlier.get(key)!r} -> {settings.get(key)!r}" for key in changed)
+                raise SpecbenchError(
+                    f"{self.path} holds results of a run with other settings ({details}); "
+                    "choose another hydra.run.dir or remove that directory"
+                )
+        else:
+            self.settings_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        answers = _read_answer_lines(self.answers_file)
+        baseline = _read_answer_lines(self.baseline_file)
+        steps = pd.read_parquet(self.steps_file) if self.steps_file.is_file() else pd.DataFrame(columns=STEP_COLUMNS)
+        finished = {record["question_id"] for record in answers} & set(steps["question_id"].tolist())
+        if self.with_baseline:
+            finished &= {record["question_id"] for record in baseline}
+        self.answers = [r for r in answers if r["question_id"] in finished]
+        self.baseline_answers = [r for r in baseline if r["question_id"] in finished]
+        kept_steps = steps[steps["question_id"].isin(list(finished))]
+        self._step_frames = [kept_steps] if len(kept_steps) else []
+        # Rewrite the files without any half-finished question, so appends continue from a clean state.
+        self._rewrite_jsonl(self.answers_file, self.answers)
+        if self.with_baseline:
+            self._rewrite_jsonl(self.baseline_file, self.baseline_answers)
+        self._write_steps()
+        return finished
+
+    def add(self, answer: dict, baseline: dict | None, step_rows: list[dict]) -> None:
+        """Record one finished question: answers first, steps last (the steps mark it finished)."""
+        if baseline is not None:
+            self._append_jsonl(self.baseline_file, baseline)
+            self.baseline_answers.append(baseline)
+        self._append_jsonl(self.answers_file, answer)
+        self.answers.append(answer)
+        self._step_frames.append(pd.DataFrame(step_rows, columns=STEP_COLUMNS))
+        self._write_steps()
+
+    def steps(self) -> pd.DataFrame:
+        frames = [frame for frame in self._step_frames if len(frame)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=STEP_COLUMNS)
+
+    def write_summary(self, header: dict) -> dict:
+        summary = {"schema_version": SCHEMA_VERSION, **header,
+                   "tasks": summarize(self.answers, self.baseline_answers if self.with_baseline else None)}
+        _write_atomically(self.summary_file, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
+        return summary
+
+    @staticmethod
+    def _append_jsonl(path: Path, record: dict) -> None:
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    @staticmethod
+    def _rewrite_jsonl(path: Path, records: list[dict]) -> None:
+        text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        _write_atomically(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+    def _write_steps(self) -> None:
+        frame = self.steps()
+        _write_atomically(self.steps_file, lambda p: frame.to_parquet(p, index=False))
+
+
+def question_speed(record: dict) -> float:
+    """Tokens per second of one answer record: all turns' new tokens over all turns' wall time."""
+    choice = record["choices"][0]
+    return sum(choice["new_tokens"]) / sum(choice["wall_time"])
+
+
+def summarize(answers: list[dict], baseline_answers: list[dict] | None) -> dict:
+    """Per-task and overall statistics, computed as Spec-Bench's speed.py does: tokens/s per question,
+    averaged over questions; speedup = mean method tokens/s / mean baseline tokens/s; mean accepted
+    tokens = mean over all steps. Tokens are counted identically (generated token ids) on both sides."""
+    baseline_by_id = {record["question_id"]: record for record in baseline_answers or []}
+    groups: dict[str, list[dict]] = {}
+    for record in answers:
+        groups.setdefault(record["specbench"]["task"], []).append(record)
+    ordered = [task for task in TASKS if task in groups]
+    result = {task: _group_summary(groups[task], baseline_by_id, baseline_answers is not None) for task in ordered}
+    if answers:
+        result["overall"] = _group_summary(answers, baseline_by_id, baseline_answers is not None)
+    return result
+
+
+def _group_summary(records: list[dict], baseline_by_id: dict, with_baseline: bool) -> dict:
+    speeds = [question_speed(record) for record in records]
+    accept_lengths = [n for record in records for n in record["choices"][0]["accept_lengths"]]
+    summary = {
+        "questions": len(records),
+        "identical_to_baseline": None,
+        "speedup": None,
+        "mean_accepted_tokens": float(np.mean(accept_lengths)),
+        "tokens_per_s": float(np.mean(speeds)),
+        "baseline_tokens_per_s": None,
+    }
+    if with_baseline:
+        baseline_speeds = [question_speed(baseline_by_id[record["question_id"]]) for record in records]
+        summary["identical_to_baseline"] = sum(bool(r["specbench"]["identical_to_baseline"]) for r in records)
+        summary["baseline_tokens_per_s"] = float(np.mean(baseline_speeds))
+        summary["speedup"] = summary["tokens_per_s"] / summary["baseline_tokens_per_s"]
+    return summary
+
+
+def format_summary_table(summary: dict) -> str:
+    """The summary as an aligned text table, one row per task and one for overall."""
+
+    def show(value, fmt: str, suffix: str = "") -> str:
+        return "-" if value is None else format(value, fmt) + suffix
+
+    header = ("task", "questions", "identical", "speedup", "MAT", "tok/s", "AR tok/s")
+    rows = [header]
+    for task, stats in summary["tasks"].items():
+        identical = stats["identical_to_baseline"]
+        rows.append((
+            task,
+            str(stats["questions"]),
+            "-" if identical is None else f"{identical}/{stats['questions']}",
+            show(stats["speedup"], ".2f", "x"),
+            show(stats["mean_accepted_tokens"], ".2f"),
+            show(stats["tokens_per_s"], ".1f"),
+            show(stats["baseline_tokens_per_s"], ".1f"),
+        ))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) if column == 0 else cell.rjust(width)
+                       for column, (cell, width) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)

@@ -1,0 +1,237 @@
+"""A benchmark run: every question decoded by the method and, back to back, by the AR baseline."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import specbench
+from specbench.data import Prompt, read_questions, select_questions
+from specbench.decoding.loop import Decoder, VerifyShapes
+from specbench.drafters.ar import NoDraft
+from specbench.drafters.base import Drafter
+from specbench.errors import SpecbenchError
+from specbench.models import LoadedModel
+from specbench.records import Answer, RunDirectory, format_summary_table
+
+log = logging.getLogger(__name__)
+
+
+def check_run_settings(run: DictConfig) -> None:
+    """Reject settings that cannot work, before anything is loaded."""
+    for key in ("max_new_tokens", "max_draft_tokens", "verify_padding_max"):
+        value = run[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SpecbenchError(f"run.{key} must be a positive integer, got {value!r}")
+    for key in ("warmup_runs", "warmup_max_new_tokens"):
+        value = run[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise SpecbenchError(f"run.{key} must be a non-negative integer, got {value!r}")
+    if not 0 <= run.verify_padding_min_gain < 1:
+        raise SpecbenchError(f"run.verify_padding_min_gain must be in [0, 1), got {run.verify_padding_min_gain!r}")
+    if run.verify_padding not in ("auto", "off"):
+        raise SpecbenchError(f"run.verify_padding must be auto or off, got {run.verify_padding!r}")
+    if run.threads is not None and (not isinstance(run.threads, int) or run.threads < 1):
+        raise SpecbenchError(f"run.threads must be a positive integer or null, got {run.threads!r}")
+
+
+def build(node: DictConfig, **kwargs):
+    """``hydra.utils.instantiate``, letting a user-facing error from the constructor through unwrapped."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, SpecbenchError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
+
+
+class TurnTooLong(SpecbenchError):
+    pass
+
+
+def answer_question(
+    model: LoadedModel, decoder: Decoder, drafter: Drafter, prompt: Prompt, max_new_tokens: int, on_step=None
+) -> Answer:
+    """Decode every turn of ``prompt``; a later turn's prompt holds the earlier turns and this decoder's own
+    answers to them."""
+    answer = Answer()
+    for turn in range(len(prompt.turns)):
+        prompt_ids = model.encode_conversation(list(prompt.turns[: turn + 1]), answer.texts)
+        budget = model.max_context - len(prompt_ids)
+        if budget < 1:
+            raise TurnTooLong(
+                f"question {prompt.question_id} turn {turn + 1}: the prompt has {len(prompt_ids)} tokens, more than "
+                f"{model.name}'s context of {model.max_context}"
+            )
+        generation = decoder.generate(prompt_ids, drafter, min(max_new_tokens, budget), on_step=on_step)
+        answer.texts.append(model.decode(generation.token_ids))
+        answer.token_ids.append(generation.token_ids)
+        answer.steps.append(generation.steps)
+        answer.wall_times.append(generation.wall_s)
+    return answer
+
+
+def environment(model: LoadedModel) -> dict:
+    import transformers
+
+    device = model.device
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = _cpu_name()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "specbench": specbench.__version__,
+        "device": f"{device.type}: {device_name}",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "git_sha": _git_sha(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _git_sha() -> str | None:
+    root = Path(specbench.__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class LiveRate:
+    """Progress-bar postfix with the tokens/s of the decode in flight, refreshed at most twice a second."""
+
+    def __init__(self, bar: tqdm):
+        self.bar = bar
+        self.label = ""
+        self.last_refresh = 0.0
+
+    def __call__(self, generated: int, elapsed: float) -> None:
+        now = time.monotonic()
+        if now - self.last_refresh >= 0.5 and elapsed > 0:
+            self.last_refresh = now
+            self.bar.set_postfix_str(f"{self.label}: {generated} tok, {generated / elapsed:.1f} tok/s")
+
+
+def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
+    """Run the benchmark described by ``cfg`` into ``output_dir`` and return the summary."""
+    check_run_settings(cfg.run)
+    if cfg.run.threads is not None:
+        torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(cfg.run.seed)
+
+    questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
+    drafter: Drafter = build(cfg.drafter)
+    model: LoadedModel = build(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
+    drafter.prepare(model)
+    baseline = NoDraft()
+
+    settings = {
+        "model": model.name,
+        "model_source": model.source,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
+        "max_new_tokens": cfg.run.max_new_tokens,
+        "baseline": cfg.run.baseline,
+        "question_file": cfg.task.path,
+        "verify_padding": cfg.run.verify_padding,
+        "device": str(model.device),
+        "linear_backend": cfg.run.linear_backend,
+        "threads": torch.get_num_threads(),
+    }
+    run_dir = RunDirectory(output_dir, with_baseline=cfg.run.baseline)
+    finished = run_dir.open(settings)
+    pending = [prompt for prompt in questions if prompt.question_id not in finished]
+    header = {"model": model.name, "drafter": drafter.name, "environment": environment(model)}
+    if finished:
+        log.info("resuming in %s: %d of %d questions already done", output_dir, len(questions) - len(pending), len(questions))
+
+    decoder = Decoder(model.model, model.eos_token_ids, cfg.run.max_draft_tokens)
+    if pending:
+        _warm_up(cfg.run, model, decoder, drafter, baseline, pending[0], run_dir.path)
+
+    bar = tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
+               desc=f"{drafter.name} vs ar" if cfg.run.baseline else drafter.name, dynamic_ncols=True)
+    live = LiveRate(bar)
+    summary = run_dir.write_summary(header)
+    try:
+        for index, prompt in enumerate(pending):
+            decoders = [("method", drafter)] + ([("baseline", baseline)] if cfg.run.baseline else [])
+            if cfg.run.alternate_order and index % 2 == 1:
+                decoders.reverse()
+            answers = {}
+            for role, which in decoders:
+                live.label = f"q{prompt.question_id} {which.name}"
+                answers[role] = answer_question(model, decoder, which, prompt, cfg.run.max_new_tokens, live)
+            method = answers["method"]
+            baseline_answer = answers.get("baseline")
+            identical = None if baseline_answer is None else method.token_ids == baseline_answer.token_ids
+            run_dir.add(
+                method.to_record(prompt, f"{model.name}-{drafter.name}", identical),
+                None if baseline_answer is None else baseline_answer.to_record(prompt, f"{model.name}-ar", None),
+                method.step_rows(prompt.question_id),
+            )
+            summary = run_dir.write_summary(header)
+            overall = summary["tasks"]["overall"]
+            bar.update(1)
+            if overall["speedup"] is not None:
+                bar.set_postfix_str(f"{overall['tokens_per_s']:.1f} tok/s, speedup {overall['speedup']:.2f}x")
+    finally:
+        bar.close()
+    return summary
+
+
+def _warm_up(run: DictConfig, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:
+    """Untimed decodes so that lazy initialisation and caches do not land in the first question; then, with
+    verify_padding=auto, the verify-latency curve that decides shape padding."""
+    prompt_ids = model.encode_conversation([prompt.turns[0]], [])
+    if len(prompt_ids) >= model.max_context:
+        raise TurnTooLong(
+            f"question {prompt.question_id} turn 1: the prompt has {len(prompt_ids)} tokens, more than "
+            f"{model.name}'s context of {model.max_context}"
+        )
+    budget = min(run.warmup_max_new_tokens, model.max_context - len(prompt_ids))
+    for _ in range(run.warmup_runs):
+        for which in (drafter, baseline):
+            decoder.generate(prompt_ids, which, budget)
+    if run.verify_padding == "auto":
+        largest = min(run.verify_padding_max, run.max_draft_tokens + 1, model.max_context - len(prompt_ids))
+        sizes = list(range(1, largest + 1))
+        latencies = decoder.measure_verify_latency(prompt_ids, sizes, repeats=3)
+        decoder.verify_shapes = VerifyShapes.from_latencies(latencies, min_gain=run.verify_padding_min_gain)
+        table = ", ".join(f"{size}:{latencies[size] * 1000:.1f}ms" for size in sizes)
+        padded = {size: decoder.verify_shapes.padded(size) for size in sizes if decoder.verify_shapes.padded(size) != size}
+        log.info("verify latency by tokens verified: %s; padding %s", table, padded or "none")
+        (run_path / "verify_latency.json").write_text(
+            json.dumps({"latency_s": latencies, "pad_to": padded}, indent=2) + "\n"
+        )

@@ -1,0 +1,72 @@
+"""Shared fixtures: the tiny random model and greedy references computed with transformers' generate()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from specbench.config import compose
+from specbench.drafters.base import Draft, Drafter
+
+PROMPTS = [
+    "Summarize: the cat sat on the mat. The cat sat on the mat again, and then the cat slept.",
+    "Translate German to English: Der Hund spielt im Garten.",
+    "Write a list of numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """tiny-random exactly as ``model=tiny-random`` builds it."""
+    return instantiate(compose(["model=tiny-random"]).model, device="cpu", linear_backend="auto")
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(tiny):
+    return [tiny.encode_conversation([text], []) for text in PROMPTS]
+
+
+def greedy_reference(model, prompt_ids, max_new_tokens, eos_token_ids=()):
+    """Plain greedy decoding by transformers, the independent reference for losslessness."""
+    eos = list(eos_token_ids) or None
+    input_ids = torch.tensor([prompt_ids])
+    output = model.generate(
+        input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
+        eos_token_id=eos, pad_token_id=0,
+    )
+    return output[0, len(prompt_ids):].tolist()
+
+
+class ScriptedDrafter(Drafter):
+    """Test drafter that drafts from a known continuation of the prompt.
+
+    mode "right": the next ``length`` tokens of ``continuation`` (always accepted);
+    mode "wrong": those tokens shifted by one (never accepted);
+    ``empty_every``: propose nothing on every n-th step.
+    """
+
+    def __init__(self, continuation, length, mode="right", empty_every=0, vocab_size=258):
+        self.name = f"scripted-{mode}"
+        self.continuation = list(continuation)
+        self.length = length
+        self.mode = mode
+        self.empty_every = empty_every
+        self.vocab_size = vocab_size
+        self.prompt_length = 0
+        self.calls = 0
+
+    def begin(self, prompt_ids):
+        self.prompt_length = prompt_ids.size
+        self.calls = 0
+
+    def propose(self, context_ids):
+        self.calls += 1
+        if self.empty_every and self.calls % self.empty_every == 0:
+            return Draft.empty()
+        done = context_ids.size - self.prompt_length
+        tokens = np.array(self.continuation[done: done + self.length], dtype=np.int64)
+        if self.mode == "wrong":
+            tokens = (tokens + 1) % self.vocab_size
+        return Draft.chain(tokens)

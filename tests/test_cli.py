@@ -1,0 +1,144 @@
+"""``python -m specbench`` as a user runs it: outputs, resume, and one-line errors for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from specbench.records import STEP_COLUMNS, SUMMARY_KEYS
+
+TINY = ["model=tiny-random", "run.max_new_tokens=24"]
+
+
+def specbench(*overrides, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "specbench", *overrides], capture_output=True, text=True, timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    result = specbench(*TINY, "task.limit_per_task=1", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    return run_dir, result
+
+
+def test_run_writes_every_record(finished_run):
+    run_dir, result = finished_run
+    answers = read_jsonl(run_dir / "answers.jsonl")
+    baseline = read_jsonl(run_dir / "baseline_answers.jsonl")
+    assert [a["question_id"] for a in answers] == [b["question_id"] for b in baseline] == [1001, 1005, 1009, 1013, 1017, 1021]
+    for record in answers:
+        choice = record["choices"][0]
+        assert set(choice) == {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
+        assert len(choice["turns"]) == len(choice["new_tokens"]) == len(choice["wall_time"])
+        assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"])
+        assert all(n <= 24 for n in choice["new_tokens"])
+    assert len(answers[0]["choices"][0]["turns"]) == 2  # MT-bench has two turns
+
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    assert list(steps.columns) == STEP_COLUMNS
+    per_question = steps.groupby("question_id")["accepted_tokens"].sum().to_dict()
+    assert per_question == {a["question_id"]: sum(a["choices"][0]["new_tokens"]) for a in answers}
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["schema_version"] == 1
+    assert summary["model"] == "tiny-random" and summary["drafter"] == "pld"
+    assert {"torch", "transformers", "device", "dtype", "threads", "git_sha"} <= set(summary["environment"])
+    assert list(summary["tasks"]) == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall"]
+    for stats in summary["tasks"].values():
+        assert set(stats) == set(SUMMARY_KEYS)
+    assert summary["tasks"]["overall"]["identical_to_baseline"] == 6
+    assert "overall" in result.stdout and "speedup" in result.stdout
+
+
+def test_rerun_resumes_without_redoing_or_duplicating(finished_run, tmp_path):
+    run_dir, _ = finished_run
+    before = read_jsonl(run_dir / "answers.jsonl")
+    result = specbench(*TINY, "task.limit_per_task=2", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    after = read_jsonl(run_dir / "answers.jsonl")
+    ids = [a["question_id"] for a in after]
+    assert len(ids) == len(set(ids)) == 12
+    assert after[:6] == before  # the finished questions were not redone
+    assert len(read_jsonl(run_dir / "baseline_answers.jsonl")) == 12
+
+
+def test_resume_with_other_settings_is_refused_and_keeps_the_results(finished_run):
+    run_dir, _ = finished_run
+    before = (run_dir / "answers.jsonl").read_text()
+    result = specbench("model=tiny-random", "run.max_new_tokens=25", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2
+    assert "max_new_tokens: 24 -> 25" in result.stderr
+    assert (run_dir / "answers.jsonl").read_text() == before
+
+
+def one_line_error(result):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("specbench: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_unknown_choice_lists_the_valid_ones(tmp_path):
+    result = specbench("drafter=nope", f"hydra.run.dir={tmp_path}")
+    assert result.returncode != 0
+    assert "Could not find 'drafter/nope'" in result.stderr
+    assert "\tpld" in result.stderr and "\tar" in result.stderr
+
+
+def test_missing_question_file(tmp_path):
+    line = one_line_error(specbench(*TINY, f"task.path={tmp_path}/none.jsonl", f"hydra.run.dir={tmp_path}"))
+    assert "none.jsonl: no such file" in line
+
+
+def test_malformed_question_line(tmp_path):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question_id": 1, "category": "qa", "turns": ["hi"]}\n{"question_id": 2,\n')
+    line = one_line_error(specbench(*TINY, f"task.path={questions}", f"hydra.run.dir={tmp_path / 'r'}"))
+    assert "q.jsonl, line 2: not valid JSON" in line
+
+
+@pytest.mark.parametrize("override, message", [
+    ("run.max_new_tokens=0", "run.max_new_tokens must be a positive integer, got 0"),
+    ("drafter.num_draft_tokens=0", "drafter.num_draft_tokens must be a positive integer"),
+    ("run.device=tpu", "run.device='tpu' is not a device"),
+])
+def test_bad_settings(tmp_path, override, message):
+    assert message in one_line_error(specbench(*TINY, override, f"hydra.run.dir={tmp_path}"))
+
+
+def test_prompt_longer_than_the_context(tmp_path):
+    line = one_line_error(specbench(*TINY, "model.max_context=64", "task=summarization", f"hydra.run.dir={tmp_path}"))
+    assert "more than tiny-random's context of 64" in line
+
+
+def test_hub_model_unavailable_offline(tmp_path):
+    line = one_line_error(specbench("model=vicuna-7b", f"hydra.run.dir={tmp_path}", env={"HF_HUB_OFFLINE": "1"}))
+    assert "lmsys/vicuna-7b-v1.3" in line and "model.path=" in line
+
+
+def test_missing_local_model_path(tmp_path):
+    line = one_line_error(specbench("model=vicuna-7b", f"model.path={tmp_path}/nowhere", f"hydra.run.dir={tmp_path}"))
+    assert "is not a directory" in line
+
+
+def test_analysis_reads_the_run_back(finished_run):
+    from analysis.runs import load_steps, load_summaries
+
+    run_dir, _ = finished_run
+    table = load_summaries([run_dir.parent])
+    overall = table[(table.run_dir == str(run_dir)) & (table.task == "overall")].iloc[0]
+    assert overall.drafter == "pld" and overall.questions >= 6
+    steps = load_steps([run_dir])
+    assert set(steps["drafter"]) == {"pld"} and len(steps) == len(pd.read_parquet(run_dir / "steps.parquet"))

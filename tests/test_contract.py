@@ -1,0 +1,172 @@
+"""The lossless contract: every drafter in conf/drafter/ gives exactly plain greedy decoding's tokens.
+
+The reference is transformers' own generate(); the extremes (a drafter that is always right and one that is
+always wrong) pin the acceptance counts, not only the text.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from specbench.config import compose, group_options
+from specbench.decoding.loop import Decoder, VerifyShapes
+from specbench.drafters.base import Draft, Drafter
+
+from conftest import ScriptedDrafter, greedy_reference
+
+DRAFTERS = group_options("drafter")
+
+
+def make_drafter(name, target):
+    drafter = instantiate(compose([f"drafter={name}", "model=tiny-random"]).drafter)
+    drafter.prepare(target)
+    return drafter
+
+
+def check_records(generation):
+    assert sum(step.accepted_tokens for step in generation.steps) == len(generation.token_ids)
+    assert generation.steps[0].step == 0 and generation.steps[0].accepted_tokens == 1
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 64])
+def test_every_configured_drafter_matches_greedy_decoding(name, max_new_tokens, tiny, prompt_ids):
+    drafter = make_drafter(name, tiny)
+    decoder = Decoder(tiny.model, frozenset(), max_draft_tokens=64)
+    for ids in prompt_ids:
+        expected = greedy_reference(tiny.model, ids, max_new_tokens)
+        generation = decoder.generate(ids, drafter, max_new_tokens)
+        assert generation.token_ids == expected
+        assert generation.finish_reason == "length"
+        check_records(generation)
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_eos_inside_the_output_ends_decoding_exactly_like_greedy(name, tiny, prompt_ids):
+    drafter = make_drafter(name, tiny)
+    for ids in prompt_ids:
+        free_run = greedy_reference(tiny.model, ids, 48)
+        for eos_position in (0, 5, 23):
+            eos = free_run[eos_position]
+            expected = greedy_reference(tiny.model, ids, 48, [eos])
+            assert expected[-1] == eos and eos not in expected[:-1]
+            generation = Decoder(tiny.model, frozenset([eos]), 64).generate(ids, drafter, 48)
+            assert generation.token_ids == expected
+            assert generation.finish_reason == "eos"
+            check_records(generation)
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_padding_verify_shapes_changes_nothing(name, tiny, prompt_ids):
+    drafter = make_drafter(name, tiny)
+    padded = Decoder(tiny.model, frozenset(), 64, VerifyShapes([0, 1, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16]))
+    for ids in prompt_ids:
+        assert padded.generate(ids, drafter, 40).token_ids == greedy_reference(tiny.model, ids, 40)
+
+
+def test_always_right_drafter_has_every_token_accepted(tiny, prompt_ids):
+    decoder = Decoder(tiny.model, frozenset(), 64)
+    for ids in prompt_ids:
+        expected = greedy_reference(tiny.model, ids, 40)
+        generation = decoder.generate(ids, ScriptedDrafter(expected, length=5), 40)
+        assert generation.token_ids == expected
+        verify_steps = generation.steps[1:]
+        # 39 tokens after the prefill's first token: steps of 5 drafts + 1 bonus, the last one cut short
+        assert [s.draft_tokens for s in verify_steps] == [5] * 6 + [2]
+        assert [s.accepted_tokens for s in verify_steps] == [6] * 6 + [3]
+
+
+def test_always_wrong_drafter_has_nothing_accepted(tiny, prompt_ids):
+    decoder = Decoder(tiny.model, frozenset(), 64)
+    for ids in prompt_ids:
+        expected = greedy_reference(tiny.model, ids, 30)
+        generation = decoder.generate(ids, ScriptedDrafter(expected, length=4, mode="wrong"), 30)
+        assert generation.token_ids == expected
+        verify_steps = generation.steps[1:]
+        assert len(verify_steps) == 29
+        assert all(s.accepted_tokens == 1 for s in verify_steps)
+        # budget before verify step i: 29 - i tokens, one of them the bonus
+        assert [s.draft_tokens for s in verify_steps] == [min(4, 28 - i) for i in range(29)]
+
+
+def test_drafts_longer_than_the_budget_are_cut(tiny, prompt_ids):
+    ids = prompt_ids[0]
+    expected = greedy_reference(tiny.model, ids, 7)
+    generation = Decoder(tiny.model, frozenset(), 64).generate(ids, ScriptedDrafter(expected + [1] * 20, 15), 7)
+    assert generation.token_ids == expected
+    assert [s.draft_tokens for s in generation.steps] == [0, 5]
+    assert [s.accepted_tokens for s in generation.steps] == [1, 6]
+
+
+def test_empty_drafts_between_full_ones(tiny, prompt_ids):
+    ids = prompt_ids[1]
+    expected = greedy_reference(tiny.model, ids, 30)
+    generation = Decoder(tiny.model, frozenset(), 64).generate(
+        ids, ScriptedDrafter(expected, 3, empty_every=2), 30)
+    assert generation.token_ids == expected
+    assert 0 in [s.draft_tokens for s in generation.steps[1:]]
+    assert [s.accepted_tokens for s in generation.steps[1:] if s.draft_tokens == 0] == [1] * sum(
+        1 for s in generation.steps[1:] if s.draft_tokens == 0)
+
+
+def test_max_draft_tokens_caps_a_step(tiny, prompt_ids):
+    ids = prompt_ids[2]
+    expected = greedy_reference(tiny.model, ids, 20)
+    generation = Decoder(tiny.model, frozenset(), max_draft_tokens=3).generate(ids, ScriptedDrafter(expected, 10), 20)
+    assert generation.token_ids == expected
+    assert max(s.draft_tokens for s in generation.steps) == 3
+
+
+class TreeOracle(Drafter):
+    """Drafts a tree whose first branch is wrong and whose second branch is the true continuation, so the
+    accepted path is never a prefix of the node order and the KV cache must be compacted."""
+
+    name = "tree-oracle"
+
+    def __init__(self, continuation, depth):
+        self.continuation = continuation
+        self.depth = depth
+
+    def begin(self, prompt_ids):
+        self.prompt_length = prompt_ids.size
+
+    def propose(self, context_ids):
+        done = context_ids.size - self.prompt_length
+        right = self.continuation[done: done + self.depth]
+        if not right:
+            return Draft.empty()
+        wrong = [(t + 1) % 258 for t in right]
+        tokens = wrong + right
+        parents = list(range(-1, len(wrong) - 1)) + [-1] + list(range(len(wrong), len(tokens) - 1))
+        return Draft(torch.tensor(tokens), torch.tensor(parents))
+
+
+def test_tree_drafts_keep_the_right_branch_and_stay_lossless(tiny, prompt_ids):
+    decoder = Decoder(tiny.model, frozenset(), 64)
+    for ids in prompt_ids:
+        expected = greedy_reference(tiny.model, ids, 33)
+        generation = decoder.generate(ids, TreeOracle(expected, 4), 33)
+        assert generation.token_ids == expected
+        assert [s.accepted_tokens for s in generation.steps[1:]] == [5] * 6 + [2]
+
+
+def test_tree_forward_scores_each_branch_like_a_plain_chain(tiny, prompt_ids):
+    """One forward pass over a two-branch tree gives the logits of each branch decoded on its own."""
+    from specbench.decoding.kv_cache import TreeKVCache
+    from specbench.decoding.tree import node_parents
+
+    model = tiny.model
+    ids = prompt_ids[0]
+    branch_a, branch_b = [10, 11, 12], [20, 21]
+    decoder = Decoder(model, frozenset(), 64)
+    with torch.inference_mode():
+        cache = TreeKVCache(decoder.num_layers, 128)
+        decoder._prefill(cache, np.array(ids[:-1]))
+        parents = node_parents(np.array([-1, 0, 1, -1, 3]))
+        node_tokens = np.array([ids[-1], *branch_a, *branch_b])
+        inputs = decoder._verification_inputs(node_tokens, parents, cache.length)
+        tree_logits = model(input_ids=inputs[0], position_ids=inputs[1], attention_mask=inputs[2], cache=cache).logits[0]
+        for branch, rows in ((branch_a, [0, 1, 2, 3]), (branch_b, [0, 4, 5])):
+            chain = model(input_ids=torch.tensor([ids + branch])).logits[0, len(ids) - 1:]
+            torch.testing.assert_close(tree_logits[rows], chain, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,89 @@
+import json
+
+import pandas as pd
+import pytest
+
+from specbench.data import Prompt
+from specbench.decoding.loop import StepRecord
+from specbench.errors import SpecbenchError
+from specbench.records import Answer, RunDirectory, format_summary_table, summarize
+
+
+def answer(tokens_per_turn, seconds_per_turn, accepted):
+    result = Answer()
+    for tokens, seconds in zip(tokens_per_turn, seconds_per_turn):
+        result.texts.append("x")
+        result.token_ids.append(list(range(tokens)))
+        steps = [StepRecord(i, 0, 1, n, 0.0, 0.01, 0.0, 10 + i) for i, n in enumerate(accepted)]
+        result.steps.append(steps)
+        result.wall_times.append(seconds)
+    return result
+
+
+def record(question_id, task, tokens, seconds, accepted, identical=True, category=None):
+    prompt = Prompt(question_id, category or task, task, ("q",) * len(tokens))
+    return answer(tokens, seconds, accepted).to_record(prompt, "m", identical)
+
+
+def test_summary_averages_per_question_speeds_like_spec_bench():
+    method = [record(1, "qa", [100], [1.0], [1, 3, 3]), record(2, "qa", [50], [1.0], [1, 1])]
+    baseline = [record(1, "qa", [100], [2.0], [1], None), record(2, "qa", [50], [2.0], [1], None)]
+    tasks = summarize(method, baseline)
+    qa = tasks["qa"]
+    assert qa["tokens_per_s"] == pytest.approx(75.0)          # mean(100, 50)
+    assert qa["baseline_tokens_per_s"] == pytest.approx(37.5)  # mean(50, 25)
+    assert qa["speedup"] == pytest.approx(2.0)
+    assert qa["mean_accepted_tokens"] == pytest.approx((1 + 3 + 3 + 1 + 1) / 5)
+    assert qa["identical_to_baseline"] == 2
+    assert tasks["overall"]["questions"] == 2
+    assert "qa" in format_summary_table({"tasks": tasks})
+
+
+def test_summary_without_baseline_has_no_speedup():
+    tasks = summarize([record(1, "rag", [10], [1.0], [1])], None)
+    assert tasks["rag"]["speedup"] is None and tasks["rag"]["identical_to_baseline"] is None
+
+
+def test_records_follow_spec_bench_model_answer_schema():
+    line = record(81, "mt_bench", [3, 4], [0.5, 0.25], [1, 2], category="writing")
+    assert line["category"] == "writing" and line["question_id"] == 81
+    choice = line["choices"][0]
+    assert choice["new_tokens"] == [3, 4]
+    assert choice["wall_time"] == [0.5, 0.25]
+    assert choice["decoding_steps"] == [2, 2]
+    assert choice["accept_lengths"] == [1, 2, 1, 2]
+    assert line["specbench"] == {"task": "mt_bench", "identical_to_baseline": True}
+
+
+def add_question(run_dir, question_id):
+    result = answer([5], [1.0], [1, 2, 2])
+    prompt = Prompt(question_id, "qa", "qa", ("q",))
+    run_dir.add(result.to_record(prompt, "m", True), result.to_record(prompt, "b", None),
+                result.step_rows(question_id))
+
+
+def test_resume_keeps_finished_questions_and_drops_a_half_written_one(tmp_path):
+    settings = {"model": "m", "drafter": {"name": "pld"}}
+    run_dir = RunDirectory(tmp_path, with_baseline=True)
+    assert run_dir.open(settings) == set()
+    add_question(run_dir, 1)
+    add_question(run_dir, 2)
+    # an interruption after the baseline line of question 3, before its method line and steps
+    with (tmp_path / "baseline_answers.jsonl").open("a") as handle:
+        handle.write(json.dumps(record(3, "qa", [5], [1.0], [1])) + "\n")
+    with (tmp_path / "answers.jsonl").open("a") as handle:
+        handle.write('{"question_id": 3, "categ')  # cut mid-line
+    reopened = RunDirectory(tmp_path, with_baseline=True)
+    assert reopened.open(settings) == {1, 2}
+    assert len((tmp_path / "answers.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "baseline_answers.jsonl").read_text().splitlines()) == 2
+    add_question(reopened, 3)
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert sorted(steps["question_id"].unique()) == [1, 2, 3]
+    assert len(steps) == 9
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    RunDirectory(tmp_path, True).open({"model": "m", "max_new_tokens": 128})
+    with pytest.raises(SpecbenchError, match="max_new_tokens: 128 -> 64"):
+        RunDirectory(tmp_path, True).open({"model": "m", "max_new_tokens": 64})
