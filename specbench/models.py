@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -35,6 +36,7 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     max_context: int
     source: str
+    _fingerprint: str | None = None
 
     @property
     def device(self) -> torch.device:
@@ -47,9 +49,22 @@ class LoadedModel:
     def encode_conversation(self, questions: list[str], answers: list[str]) -> list[int]:
         return self.prompt_format.encode(questions, answers)
 
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = tokenizer_fingerprint(self.tokenizer)
+        return self._fingerprint
+
     def decode(self, token_ids) -> str:
         """Answer text as Spec-Bench stores it: special tokens dropped, surrounding whitespace stripped."""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the tokenizer's vocabulary (token -> id): databases of token ids are only valid for a
+    target whose tokenizer has the same fingerprint."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def resolve_device(device: str) -> torch.device:

@@ -111,3 +111,6 @@ class ByteTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         data = bytes(int(i) for i in ids if int(i) < 256)
         return data.decode("utf-8", errors="replace")
+
+    def get_vocab(self) -> dict[str, int]:
+        return {**{f"<0x{i:02X}>": i for i in range(256)}, "<s>": self.bos_token_id, "</s>": self.eos_token_id}

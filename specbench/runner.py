@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 import specbench
 from specbench.data import Prompt, read_questions, select_questions
+from specbench.decoding.budget import DraftBudget, VerifyCost, calibration_sizes
 from specbench.decoding.loop import Decoder, VerifyShapes
 from specbench.drafters.ar import NoDraft
 from specbench.drafters.base import Drafter
@@ -42,6 +43,14 @@ def check_run_settings(run: DictConfig) -> None:
         raise SpecbenchError(f"run.verify_padding_min_gain must be in [0, 1), got {run.verify_padding_min_gain!r}")
     if run.verify_padding not in ("auto", "off"):
         raise SpecbenchError(f"run.verify_padding must be auto or off, got {run.verify_padding!r}")
+    if run.draft_budget not in ("auto", "off"):
+        raise SpecbenchError(f"run.draft_budget must be auto or off, got {run.draft_budget!r}")
+    if not 0 <= run.draft_budget_explore <= 1:
+        raise SpecbenchError(f"run.draft_budget_explore must be in [0, 1], got {run.draft_budget_explore!r}")
+    if not run.draft_budget_memory >= 1:
+        raise SpecbenchError(f"run.draft_budget_memory must be at least 1, got {run.draft_budget_memory!r}")
+    if not 0 < run.draft_budget_prior < 1:
+        raise SpecbenchError(f"run.draft_budget_prior must be in (0, 1), got {run.draft_budget_prior!r}")
     if run.threads is not None and (not isinstance(run.threads, int) or run.threads < 1):
         raise SpecbenchError(f"run.threads must be a positive integer or null, got {run.threads!r}")
 
@@ -165,6 +174,7 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
         "baseline": cfg.run.baseline,
         "question_file": cfg.task.path,
         "verify_padding": cfg.run.verify_padding,
+        "draft_budget": cfg.run.draft_budget,
         "device": str(model.device),
         "linear_backend": cfg.run.linear_backend,
         "threads": torch.get_num_threads(),
@@ -212,8 +222,8 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
 
 
 def _warm_up(run: DictConfig, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:
-    """Untimed decodes so that lazy initialisation and caches do not land in the first question; then, with
-    verify_padding=auto, the verify-latency curve that decides shape padding."""
+    """Decode untimed, so that lazy initialisation and caches do not land in the first question; then
+    measure the target's verify latency per token count, for shape padding and the draft budget."""
     prompt_ids = model.encode_conversation([prompt.turns[0]], [])
     if len(prompt_ids) >= model.max_context:
         raise TurnTooLong(
@@ -224,14 +234,24 @@ def _warm_up(run: DictConfig, model, decoder: Decoder, drafter, baseline, prompt
     for _ in range(run.warmup_runs):
         for which in (drafter, baseline):
             decoder.generate(prompt_ids, which, budget)
+    if run.verify_padding == "off" and run.draft_budget == "off":
+        return
+    largest = min(run.max_draft_tokens + 1, model.max_context - len(prompt_ids))
+    sizes = calibration_sizes(largest)
+    if run.draft_budget == "off":
+        sizes = [size for size in sizes if size <= run.verify_padding_max]
+    latencies = decoder.measure_verify_latency(prompt_ids, sizes, repeats=5)
     if run.verify_padding == "auto":
-        largest = min(run.verify_padding_max, run.max_draft_tokens + 1, model.max_context - len(prompt_ids))
-        sizes = list(range(1, largest + 1))
-        latencies = decoder.measure_verify_latency(prompt_ids, sizes, repeats=3)
-        decoder.verify_shapes = VerifyShapes.from_latencies(latencies, min_gain=run.verify_padding_min_gain)
-        table = ", ".join(f"{size}:{latencies[size] * 1000:.1f}ms" for size in sizes)
-        padded = {size: decoder.verify_shapes.padded(size) for size in sizes if decoder.verify_shapes.padded(size) != size}
-        log.info("verify latency by tokens verified: %s; padding %s", table, padded or "none")
-        (run_path / "verify_latency.json").write_text(
-            json.dumps({"latency_s": latencies, "pad_to": padded}, indent=2) + "\n"
-        )
+        padding_sizes = {size: latencies[size] for size in sizes if size <= run.verify_padding_max}
+        decoder.verify_shapes = VerifyShapes.from_latencies(padding_sizes, min_gain=run.verify_padding_min_gain)
+    if run.draft_budget == "auto":
+        cost = VerifyCost(latencies)
+        shapes = decoder.verify_shapes
+        decoder.verify_cost = cost
+        decoder.draft_budget = DraftBudget(lambda counts: cost(shapes.padded_array(counts)),
+                                           prior_rate=run.draft_budget_prior, explore=run.draft_budget_explore,
+                                           memory=run.draft_budget_memory)
+    padded = {size: decoder.verify_shapes.padded(size) for size in sizes if decoder.verify_shapes.padded(size) != size}
+    log.info("verify latency by tokens verified: %s; padding %s",
+             ", ".join(f"{size}:{latencies[size] * 1000:.1f}ms" for size in sizes), padded or "none")
+    (run_path / "verify_latency.json").write_text(json.dumps({"latency_s": latencies, "pad_to": padded}, indent=2) + "\n")

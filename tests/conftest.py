@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +15,27 @@ from hydra.utils import instantiate
 
 from specbench.config import compose
 from specbench.drafters.base import Draft, Drafter
+
+from specbench.models import cache_root
+
+
+def _isolated_cache() -> Path:
+    """Databases built by tests go to a throw-away cache (inherited by subprocesses through the environment);
+    converted model checkpoints are shared with the real cache, so the embedded model is converted once.
+    The default statistics corpus is replaced by a small text written for the tests."""
+    real = cache_root(None)
+    (real / "models").mkdir(parents=True, exist_ok=True)
+    cache = Path(tempfile.mkdtemp(prefix="specbench-test-cache-"))
+    (cache / "models").symlink_to(real / "models", target_is_directory=True)
+    corpus = cache / "corpora" / "python-docs"
+    corpus.mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "fixtures" / "corpus.txt", corpus / "corpus.txt")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    os.environ["SPECBENCH_CACHE"] = str(cache)
+    return cache
+
+
+TEST_CACHE = _isolated_cache()
 
 PROMPTS = [
     "Summarize: the cat sat on the mat. The cat sat on the mat again, and then the cat slept.",

@@ -6,7 +6,15 @@ from specbench.errors import SpecbenchError
 
 
 def lookup(tokens, max_ngram=3, min_ngram=1, num_draft=10, prefer="earliest"):
-    return prompt_lookup(np.array(tokens, dtype=np.int64), max_ngram, min_ngram, num_draft, prefer).tolist()
+    return prompt_lookup(np.array(tokens, dtype=np.int64), max_ngram, min_ngram, num_draft, prefer)[0].tolist()
+
+
+def test_the_matched_ngram_size_is_reported_and_labels_the_draft():
+    context = np.array([3, 4, 0, 0, 0, 2, 3, 8, 2, 3])
+    assert prompt_lookup(context, 3, 1, 2)[1] == 2
+    assert prompt_lookup(np.array([4, 5, 6]), 3, 1, 2)[1] == 0
+    draft = PromptLookup(max_ngram_size=2).propose(context)
+    assert draft.sources == ("2-gram",) * 3 and draft.token_ids.tolist() == [8, 2, 3]
 
 
 def test_earliest_and_latest_occurrence():

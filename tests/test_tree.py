@@ -9,7 +9,8 @@ from specbench.decoding.tree import (
     node_depths,
     node_parents,
     reindex_parents,
-    subtree_within_depth,
+    select_nodes,
+    trie_from_sequences,
 )
 
 
@@ -77,8 +78,27 @@ def test_non_candidate_nodes_are_never_accepted():
 
 def test_cutting_a_tree_by_depth_and_node_count_keeps_it_valid():
     draft_parents = np.array([-1, 0, 1, -1, 3])  # depths 1 2 3 1 2
-    keep = subtree_within_depth(draft_parents, max_depth=2, max_nodes=10)
+    keep = select_nodes(draft_parents, None, max_depth=2, max_nodes=10)
     assert keep.tolist() == [0, 1, 3, 4]
     assert reindex_parents(draft_parents, keep).tolist() == [-1, 0, -1, 2]
-    keep = subtree_within_depth(draft_parents, max_depth=3, max_nodes=2)
+    keep = select_nodes(draft_parents, None, max_depth=3, max_nodes=2)
     assert keep.tolist() == [0, 1]
+
+
+def test_non_candidates_survive_the_depth_cut_but_not_their_cut_parents():
+    # a candidate chain 0-1-2 and a non-candidate chain 3-4-5 whose last node has a candidate child 6
+    draft_parents = np.array([-1, 0, 1, -1, 3, 4, 5])
+    candidates = np.array([True, True, True, False, False, False, True])
+    assert select_nodes(draft_parents, candidates, max_depth=2, max_nodes=10).tolist() == [0, 1, 3, 4, 5]
+    assert select_nodes(draft_parents, candidates, max_depth=3, max_nodes=10).tolist() == [0, 1, 2, 3, 4, 5]
+    assert select_nodes(draft_parents, candidates, max_depth=4, max_nodes=10).tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert select_nodes(draft_parents, candidates, max_depth=0, max_nodes=10).tolist() == [3, 4, 5]
+
+
+def test_trie_merges_shared_prefixes_and_keeps_the_first_label():
+    tokens, parents, labels = trie_from_sequences([(1, 2, 3), (1, 2, 4), (5,), (1, 2, 3)], ["a", "b", "b", "c"])
+    assert tokens.tolist() == [1, 2, 3, 4, 5]
+    assert parents.tolist() == [-1, 0, 1, 1, -1]
+    assert labels == ["a", "a", "a", "b", "b"]
+    empty = trie_from_sequences([], [])
+    assert empty[0].size == 0 and empty[1].size == 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from specbench.decoding.budget import DraftBudget, node_kinds
 from specbench.decoding.kv_cache import TreeKVCache
 from specbench.decoding.tree import (
     ancestor_matrix,
@@ -16,7 +17,7 @@ from specbench.decoding.tree import (
     node_depths,
     node_parents,
     reindex_parents,
-    subtree_within_depth,
+    select_nodes,
 )
 from specbench.drafters.base import Draft, Drafter, StepOutcome
 
@@ -25,7 +26,7 @@ from specbench.drafters.base import Draft, Drafter, StepOutcome
 class StepRecord:
     """Timings and counts of one decoding step. Step 0 is the prefill, which yields the first token.
 
-    draft_tokens:    draft tokens verified (after the cut to the remaining budget).
+    draft_tokens:    draft tokens verified (after the cut to the remaining budget), non-candidates included.
     verify_tokens:   tokens in the target's forward pass: last committed token + draft + shape padding
                      (for the prefill: the prompt length).
     accepted_tokens: tokens appended to the output, the bonus token included.
@@ -33,6 +34,8 @@ class StepRecord:
     verify_s:        time in the target's forward pass, up to reading its choices back on the host.
     overhead_s:      everything else the loop does in the step (building inputs, acceptance, cache upkeep).
     context_len:     prompt + generated tokens before the step.
+    source:          label of the last accepted draft token (Draft.sources), "" when none was accepted or
+                     the drafter gives no labels.
     """
 
     step: int
@@ -43,6 +46,7 @@ class StepRecord:
     verify_s: float
     overhead_s: float
     context_len: int
+    source: str = ""
 
 
 @dataclass
@@ -66,9 +70,16 @@ class VerifyShapes:
 
     def __init__(self, pad_to: list[int] | None = None):
         self.pad_to = list(pad_to or [])
+        self._table = np.array(self.pad_to, dtype=np.int64)
 
     def padded(self, size: int) -> int:
         return self.pad_to[size] if size < len(self.pad_to) else size
+
+    def padded_array(self, sizes: np.ndarray) -> np.ndarray:
+        """``padded`` for an array of sizes."""
+        if self._table.size == 0:
+            return sizes
+        return np.where(sizes < self._table.size, self._table[np.minimum(sizes, self._table.size - 1)], sizes)
 
     @staticmethod
     def from_latencies(latencies: dict[int, float], min_gain: float) -> "VerifyShapes":
@@ -96,11 +107,15 @@ class Decoder:
         eos_token_ids: frozenset[int],
         max_draft_tokens: int,
         verify_shapes: VerifyShapes | None = None,
+        draft_budget: DraftBudget | None = None,
+        verify_cost=None,
     ):
         self.model = model
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_draft_tokens = int(max_draft_tokens)
         self.verify_shapes = verify_shapes or VerifyShapes()
+        self.draft_budget = draft_budget
+        self.verify_cost = verify_cost  # a VerifyCost that learns from the step timings, if given
         self.device = next(model.parameters()).device
         self.num_layers = model.config.get_text_config().num_hidden_layers
         if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "flash_attention_2"):
@@ -139,8 +154,9 @@ class Decoder:
         done = clock()
         generation.token_ids.append(first)
         generation.steps.append(
-            StepRecord(0, 0, prompt.size, 1, (after_begin - started) + (done - after_prefill),
-                       after_prefill - after_begin, 0.0, prompt.size)
+            StepRecord(step=0, draft_tokens=0, verify_tokens=prompt.size, accepted_tokens=1,
+                       draft_s=(after_begin - started) + (done - after_prefill), verify_s=after_prefill - after_begin,
+                       overhead_s=0.0, context_len=prompt.size)
         )
         if first in self.eos_token_ids:
             generation.finish_reason = "eos"
@@ -154,7 +170,7 @@ class Decoder:
 
             # The step may add at most `remaining` tokens, one of which is the bonus token.
             remaining = max_new_tokens - len(generation.token_ids)
-            draft_tokens, draft_parents = self._fit(draft, max_depth=remaining - 1)
+            kept, draft_tokens, draft_parents, candidates, kinds = self._fit(draft, remaining - 1, drafter.name)
             parents = node_parents(draft_parents)
             node_tokens = np.concatenate(([context[length - 1]], draft_tokens))
             start = cache.length
@@ -163,8 +179,10 @@ class Decoder:
 
             target_tokens = self._forward(cache, *inputs)[: parents.size]
             verified = clock()
+            if self.verify_cost is not None:
+                self.verify_cost.observe(int(inputs[0].shape[1]), verified - built)
 
-            path = greedy_accepted_path(parents, node_tokens, target_tokens)
+            path = greedy_accepted_path(parents, node_tokens, target_tokens, candidates)
             new_tokens = [int(t) for t in node_tokens[path]] + [int(target_tokens[path[-1] if path else 0])]
             for cut, token in enumerate(new_tokens):
                 if token in self.eos_token_ids:
@@ -175,12 +193,21 @@ class Decoder:
             context[length : length + len(new_tokens)] = new_tokens
             length += len(new_tokens)
             generation.token_ids.extend(new_tokens)
+            accepted_nodes = tuple(int(kept[node - 1]) for node in path)
+            if kinds is not None:
+                self.draft_budget.observe(drafter.name, draft_parents, kinds,
+                                          None if candidates is None else candidates[1:], [node - 1 for node in path])
+            source = draft.sources[accepted_nodes[-1]] if accepted_nodes and draft.sources else ""
+            if kept.size == len(draft):
+                all_target_tokens = target_tokens
+            else:
+                all_target_tokens = np.full(len(draft) + 1, -1, dtype=target_tokens.dtype)
+                all_target_tokens[0] = target_tokens[0]
+                all_target_tokens[kept + 1] = target_tokens[1:]
             bookkept = clock()
 
-            if len(draft) != draft_tokens.size:
-                draft = Draft(torch.from_numpy(draft_tokens), torch.from_numpy(draft_parents))
-            outcome = StepOutcome(draft, target_tokens, tuple(node - 1 for node in path))
-            drafter.accept(context[length - len(new_tokens) : length], outcome)
+            drafter.accept(context[length - len(new_tokens) : length],
+                           StepOutcome(draft, all_target_tokens, accepted_nodes))
             step_done = clock()
 
             generation.steps.append(
@@ -193,6 +220,7 @@ class Decoder:
                     verify_s=verified - built,
                     overhead_s=(built - drafted) + (bookkept - verified),
                     context_len=length - len(new_tokens),
+                    source=source,
                 )
             )
             if on_step is not None:
@@ -200,18 +228,31 @@ class Decoder:
         generation.wall_s = clock() - started
         return generation
 
-    def _fit(self, draft: Draft, max_depth: int) -> tuple[np.ndarray, np.ndarray]:
-        """The draft as numpy (tokens, parents), cut to paths of at most ``max_depth`` tokens and at most
-        ``max_draft_tokens`` nodes."""
+    def _fit(self, draft: Draft, max_depth: int, drafter_name: str):
+        """The part of the draft to verify: (kept indices into the draft, their tokens, their parents in the
+        kept numbering, candidate flags in node numbering or None, their kinds for the draft budget or None).
+        Candidate paths are cut to ``max_depth`` tokens, the draft to ``max_draft_tokens`` nodes, and then,
+        with a draft budget, to the nodes worth their verification time."""
         tokens = draft.token_ids.numpy()
-        if draft.parents is None:
+        if self.draft_budget is None and draft.parents is None and draft.candidates is None:
             count = min(tokens.size, max_depth, self.max_draft_tokens)
-            return tokens[:count], chain_parents(count)
-        parents = draft.parents.numpy()
-        keep = subtree_within_depth(parents, max_depth, self.max_draft_tokens)
-        if keep.size == tokens.size:
-            return tokens, parents
-        return tokens[keep], reindex_parents(parents, keep)
+            return np.arange(count), tokens[:count], chain_parents(count), None, None
+        parents = draft.parents.numpy() if draft.parents is not None else chain_parents(tokens.size)
+        candidates = draft.candidates.numpy() if draft.candidates is not None else None
+        kept = select_nodes(parents, candidates, max_depth, self.max_draft_tokens)
+        kinds = None
+        if self.draft_budget is not None and kept.size:
+            all_kinds = node_kinds(parents, node_depths(node_parents(parents))[1:], draft.sources)
+            chosen = self.draft_budget.select(drafter_name, reindex_parents(parents, kept),
+                                              [all_kinds[i] for i in kept],
+                                              None if candidates is None else candidates[kept])
+            kept = kept[chosen]
+            kinds = [all_kinds[i] for i in kept]
+        if kept.size < tokens.size:
+            tokens, parents = tokens[kept], reindex_parents(parents, kept)
+            candidates = None if candidates is None else candidates[kept]
+        node_candidates = None if candidates is None else np.concatenate(([True], candidates))
+        return kept, tokens, parents, node_candidates, kinds
 
     def _verification_inputs(self, node_tokens: np.ndarray, parents: np.ndarray, start: int):
         """input ids [1, q], position ids [1, q] and the boolean attention mask [1, 1, q, start + q] for the

@@ -56,12 +56,45 @@ def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
     return visible
 
 
-def subtree_within_depth(draft_parents: np.ndarray, max_depth: int, max_nodes: int) -> np.ndarray:
-    """Indices (draft numbering) of the nodes to keep so that no path is longer than ``max_depth`` and at
-    most ``max_nodes`` remain. Parents precede children, so a kept prefix of a valid order stays valid."""
+def select_nodes(
+    draft_parents: np.ndarray, candidates: np.ndarray | None, max_depth: int, max_nodes: int
+) -> np.ndarray:
+    """Indices (draft numbering) of the nodes to verify: candidates no deeper than ``max_depth`` (deeper
+    ones could only yield more tokens than the budget allows), every non-candidate, and nothing whose parent
+    was dropped; then the first ``max_nodes`` of those. Parents precede children, so any prefix of a valid
+    order stays a valid tree."""
     depths = node_depths(node_parents(draft_parents))[1:]
-    keep = np.flatnonzero(depths <= max_depth)
-    return keep[:max_nodes]
+    keep = depths <= max_depth
+    if candidates is not None:
+        keep |= ~candidates
+    for node, parent in enumerate(draft_parents.tolist()):
+        if parent >= 0 and not keep[parent]:
+            keep[node] = False
+    return np.flatnonzero(keep)[:max_nodes]
+
+
+def trie_from_sequences(sequences, labels=None) -> tuple[np.ndarray, np.ndarray, list]:
+    """Merge token sequences that share prefixes into one tree: (tokens [n], parents [n] in draft numbering,
+    label of each node). A node's label is that of the first sequence that created it.
+
+    Example: [1 2 3] from "a" and [1 2 4], [5] from "b" -> tokens [1 2 3 4 5], parents [-1 0 1 1 -1],
+    labels [a a a b b].
+    """
+    index: dict[tuple[int, int], int] = {}
+    tokens, parents, node_labels = [], [], []
+    for sequence, label in zip(sequences, labels if labels is not None else [None] * len(sequences)):
+        node = -1
+        for token in sequence:
+            key = (node, int(token))
+            child = index.get(key)
+            if child is None:
+                child = len(tokens)
+                index[key] = child
+                tokens.append(int(token))
+                parents.append(node)
+                node_labels.append(label)
+            node = child
+    return np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64), node_labels
 
 
 def reindex_parents(draft_parents: np.ndarray, keep: np.ndarray) -> np.ndarray:

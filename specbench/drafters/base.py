@@ -26,15 +26,21 @@ import torch
 class Draft:
     """Candidate tokens for one step: a chain, or a tree flattened so that parents precede children.
 
-    token_ids: [n] candidate token ids.
-    parents:   [n] index (into token_ids) of each token's parent, -1 for a child of the last committed
-               token; None means a chain (token i follows token i-1).
-    probs:     [n, vocab] the distribution each token was drawn from; None for a deterministic drafter.
+    token_ids:  [n] candidate token ids.
+    parents:    [n] index (into token_ids) of each token's parent, -1 for a child of the last committed
+                token; None means a chain (token i follows token i-1).
+    probs:      [n, vocab] the distribution each token was drawn from; None for a deterministic drafter.
+    candidates: [n] bool, False for tokens the target scores only so that the drafter can read its choices
+                (Lookahead's Jacobi window): they are never accepted. None means all are candidates.
+    sources:    [n] a label per token naming where it came from (HD's databases); the label of the last
+                accepted token is recorded with the step. None when the drafter has one source.
     """
 
     token_ids: torch.LongTensor
     parents: torch.LongTensor | None = None
     probs: torch.FloatTensor | None = None
+    candidates: torch.BoolTensor | None = None
+    sources: tuple[str, ...] | None = None
 
     def __post_init__(self):
         assert self.token_ids.ndim == 1, "Draft.token_ids must be 1-D"
@@ -42,6 +48,10 @@ class Draft:
             assert self.parents.shape == self.token_ids.shape, "Draft.parents must match token_ids"
         if self.probs is not None:
             assert self.probs.ndim == 2 and self.probs.shape[0] == self.token_ids.shape[0]
+        if self.candidates is not None:
+            assert self.candidates.shape == self.token_ids.shape and self.candidates.dtype == torch.bool
+        if self.sources is not None:
+            assert len(self.sources) == self.token_ids.shape[0]
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -62,9 +72,10 @@ class Draft:
 class StepOutcome:
     """What the target decided in one step, handed to ``Drafter.accept``.
 
-    draft:          the draft as verified (possibly cut to the remaining token budget).
+    draft:          the draft as proposed.
     target_tokens:  [1 + len(draft)] the target's choice after the last committed token (index 0) and after
-                    each draft token (index i+1 for draft token i).
+                    each draft token (index i+1 for draft token i); -1 for draft tokens that were not
+                    verified (cut to the remaining token budget or to run.max_draft_tokens).
     accepted_nodes: indices into the draft of the accepted path, in order.
     """
 

@@ -7,6 +7,7 @@ output repeat spans of its own context, and those spans are found by exact n-gra
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from specbench.drafters.base import Draft, Drafter
 from specbench.errors import SpecbenchError
@@ -16,8 +17,9 @@ MATCH_PREFERENCES = ("earliest", "latest")
 
 def prompt_lookup(
     context: np.ndarray, max_ngram: int, min_ngram: int, num_draft: int, prefer: str = "earliest"
-) -> np.ndarray:
-    """Up to ``num_draft`` tokens that followed an earlier occurrence of the context's final n-gram.
+) -> tuple[np.ndarray, int]:
+    """Up to ``num_draft`` tokens that followed an earlier occurrence of the context's final n-gram, and the
+    n of that n-gram (0 when nothing matched).
 
     n goes from ``max_ngram`` down to ``min_ngram`` and the first n with a match wins. An occurrence counts
     only if at least one token follows it, so the final n-gram never matches itself. Among occurrences,
@@ -27,12 +29,13 @@ def prompt_lookup(
     context: [length] int64 token ids.
 
     Example, ``max_ngram=3, num_draft=4``: context [5 1 2 3 9 1 2 3 7 1 2 3] ends in [1 2 3], which occurs at
-    positions 1 and 5 (the occurrence at 9 is the suffix itself). Earliest: [9 1 2 3]; latest: [7 1 2 3].
+    positions 1 and 5 (the occurrence at 9 is the suffix itself). Earliest: ([9 1 2 3], 3); latest:
+    ([7 1 2 3], 3).
     """
     assert context.ndim == 1
     length = context.size
     if length < 2:
-        return context[:0]
+        return context[:0], 0
     # Positions (before the last) holding the final token: the candidate ends of a matching n-gram.
     ends = np.flatnonzero(context[: length - 1] == context[length - 1])
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
@@ -43,8 +46,8 @@ def prompt_lookup(
             candidates = candidates[context[candidates - back] == context[length - 1 - back]]
         if candidates.size:
             start = (candidates[0] if prefer == "earliest" else candidates[-1]) + 1
-            return context[start : start + num_draft]
-    return context[:0]
+            return context[start : start + num_draft], n
+    return context[:0], 0
 
 
 class PromptLookup(Drafter):
@@ -73,9 +76,11 @@ class PromptLookup(Drafter):
         self.min_ngram_size = min_ngram_size
         self.num_draft_tokens = num_draft_tokens
         self.prefer = prefer
+        self._labels = {n: f"{n}-gram" for n in range(max_ngram_size + 1)}
 
     def propose(self, context_ids: np.ndarray) -> Draft:
-        tokens = prompt_lookup(
+        tokens, ngram = prompt_lookup(
             context_ids, self.max_ngram_size, self.min_ngram_size, self.num_draft_tokens, self.prefer
         )
-        return Draft.chain(tokens)
+        # Labelled by the matched n-gram size, which predicts acceptance (a 3-gram match beats a 1-gram).
+        return Draft(torch.from_numpy(np.ascontiguousarray(tokens)), sources=(self._labels[ngram],) * tokens.size)

@@ -1,0 +1,51 @@
+"""Build HD's model database: n-grams the target model tends to generate, by document frequency over its
+greedy answers to a prompt set that is disjoint from the evaluation questions.
+
+    python scripts/build_model_db.py --model smollm2-135m
+    python scripts/build_model_db.py --model vicuna-7b --prompts my_prompts.jsonl --out DIR
+
+Without --out, the database goes where ``drafter.model_db=auto`` looks for it (for the same settings).
+Use a directory elsewhere with drafter.model_db=DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from hydra.utils import instantiate
+
+from specbench.config import compose
+from specbench.datastores.build import build_model_db, model_db
+from specbench.errors import SpecbenchError
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="a config in conf/model/")
+    parser.add_argument("--prompts", default=None, help="jsonl/text prompt file (default: the built-in set)")
+    parser.add_argument("--out", default=None, help="output directory (default: where model_db=auto looks)")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. drafter.key_tokens=1 run.device=cuda")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = compose([f"model={args.model}", "drafter=hd", *args.overrides])
+        hd = cfg.drafter
+        settings = dict(hd.model_db_build)
+        if args.prompts:
+            settings["prompts"] = args.prompts
+        target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
+        if args.out:
+            build_model_db(target, Path(args.out), settings["prompts"], hd.key_tokens, settings["continuation_length"],
+                           settings["max_new_tokens"], settings["batch_size"], settings["max_ngrams"])
+        else:
+            model_db(target, "auto", hd.key_tokens, hd.draft_length, hd.per_key_capacity, settings, hd.cache_dir)
+    except SpecbenchError as error:
+        print(f"build_model_db: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""HD's model database: n-grams that the target model itself tends to generate.
+
+Built once per model from its greedy answers to a prompt set that is disjoint from the evaluation
+questions (``scripts/build_model_db.py``): every n-gram is counted once per answer it occurs in (document
+frequency), and each key keeps its most frequent continuations. On disk:
+
+    manifest.json   tokenizer fingerprint, model, prompt set, key_tokens, continuation_length, counts
+    ngrams.npz      per key length k: ngrams_k [m, k + continuation_length] int32 and counts_k [m] int64
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from specbench.datastores.ngram_pool import RankedNGrams
+from specbench.errors import SpecbenchError
+
+FORMAT_VERSION = 1
+
+
+def count_document_ngrams(documents, key_tokens: int, continuation_length: int, max_ngrams: int) -> dict:
+    """{k: (ngrams [m, k + continuation_length], counts [m])} for k = 1..key_tokens: the ``max_ngrams``
+    n-grams of each length that occur in the most documents."""
+    tables = {}
+    for key_length in range(1, key_tokens + 1):
+        size = key_length + continuation_length
+        frequency: Counter = Counter()
+        for document in documents:
+            values = list(document)
+            frequency.update({tuple(values[i : i + size]) for i in range(len(values) - size + 1)})
+        common = frequency.most_common(max_ngrams)
+        ngrams = np.array([ngram for ngram, _ in common], dtype=np.int32).reshape(len(common), size)
+        counts = np.array([count for _, count in common], dtype=np.int64)
+        tables[key_length] = (ngrams, counts)
+    return tables
+
+
+def merge_truncated(ngrams: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum the counts of rows that became equal (after the caller cut them to fewer columns)."""
+    if ngrams.shape[0] == 0:
+        return ngrams, counts
+    unique, inverse = np.unique(ngrams, axis=0, return_inverse=True)
+    return unique, np.bincount(inverse.ravel(), weights=counts).astype(np.int64)
+
+
+def save_model_db(directory: str | Path, tables: dict, manifest: dict) -> None:
+    directory = Path(directory)
+    staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    arrays = {}
+    for key_length, (ngrams, counts) in tables.items():
+        arrays[f"ngrams_{key_length}"] = ngrams
+        arrays[f"counts_{key_length}"] = counts
+    np.savez(staging / "ngrams.npz", **arrays)
+    manifest = {**manifest, "format_version": FORMAT_VERSION,
+                "ngrams": {str(k): int(len(c)) for k, (_, c) in tables.items()}}
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if directory.exists():
+        shutil.rmtree(directory)
+    staging.replace(directory)
+
+
+def load_model_db(directory: str | Path, tokenizer_fingerprint: str, key_tokens: int, continuation_length: int,
+                  capacity: int) -> RankedNGrams:
+    """The model database for lookups with keys of up to ``key_tokens`` tokens and continuations of (at most)
+    ``continuation_length`` tokens, checked against the target's tokenizer. A database built with longer
+    continuations serves shorter ones (truncated, counts merged); one built with shorter continuations
+    serves them as they are."""
+    directory = Path(directory)
+    rebuild = "build one with scripts/build_model_db.py"
+    manifest_file = directory / "manifest.json"
+    if not manifest_file.is_file():
+        raise SpecbenchError(f"{directory}: no model database here (manifest.json missing); {rebuild}")
+    try:
+        manifest = json.loads(manifest_file.read_text())
+        arrays = np.load(directory / "ngrams.npz")
+    except (OSError, ValueError) as error:
+        raise SpecbenchError(f"{directory}: damaged model database ({error}); {rebuild}") from None
+    if manifest.get("key_tokens", 0) < key_tokens:
+        raise SpecbenchError(f"{directory} holds keys of up to {manifest.get('key_tokens')} tokens; the drafter "
+                             f"uses {key_tokens}: {rebuild}")
+    try:
+        tables = {k: (arrays[f"ngrams_{k}"], arrays[f"counts_{k}"]) for k in range(1, key_tokens + 1)}
+    except (KeyError, ValueError) as error:
+        raise SpecbenchError(f"{directory}: damaged model database ({error}); {rebuild}") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise SpecbenchError(f"{directory}: model database format {manifest.get('format_version')}; {rebuild}")
+    if manifest.get("tokenizer", {}).get("fingerprint") != tokenizer_fingerprint:
+        raise SpecbenchError(f"{directory} was built for another tokenizer than the target's; {rebuild} for this model")
+    table: dict = {}
+    for key_length in range(key_tokens, 0, -1):
+        ngrams, counts = tables[key_length]
+        ngrams, counts = merge_truncated(ngrams[:, : key_length + continuation_length], counts)
+        RankedNGrams.from_counts(ngrams, counts, key_length, capacity, table)
+    return RankedNGrams(table, key_tokens)

@@ -1,0 +1,187 @@
+"""A token datastore with a suffix array: every occurrence of a token sequence in a corpus, found by binary
+search, with the continuations that followed it (REST's retrieval, HD's statistics database).
+
+On disk a datastore is a directory:
+
+    manifest.json   format version, corpus description, document and token counts, tokenizer fingerprint
+    tokens.npy      int32 token ids of all documents, each followed by SEPARATOR
+    suffixes.npy    int32/int64 suffix array of tokens.npy (positions in lexicographic order)
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specbench.errors import SpecbenchError
+
+FORMAT_VERSION = 1
+SEPARATOR = -1  # ends every document; queries never contain it, so no match or continuation crosses documents
+
+
+@dataclass(frozen=True)
+class Continuations:
+    """Distinct continuations of one context match, most frequent first.
+
+    sequences: [k, length] token ids; counts: [k] how many corpus occurrences continue that way.
+    """
+
+    sequences: np.ndarray
+    counts: np.ndarray
+
+
+class TokenDatastore:
+    """Token ids and their suffix array, searchable by exact token-sequence match."""
+
+    def __init__(self, tokens: np.ndarray, suffixes: np.ndarray, manifest: dict):
+        assert tokens.ndim == 1 and suffixes.shape == tokens.shape
+        self.tokens = tokens
+        self.suffixes = suffixes
+        self.manifest = manifest
+        # Big-endian bytes order like the integers they encode (tokens are shifted to be non-negative), so
+        # comparing byte slices compares token sequences: the binary search runs on C-level slicing.
+        self._bytes = (tokens.astype(np.int64) - SEPARATOR).astype(">u4").tobytes()
+
+    # ---- building and storage -------------------------------------------------------------------------
+
+    @staticmethod
+    def build(documents, manifest: dict) -> "TokenDatastore":
+        """A datastore from an iterable of token-id sequences (one per document)."""
+        from pydivsufsort import divsufsort
+
+        pieces, count = [], 0
+        for document in documents:
+            ids = np.asarray(document, dtype=np.int32)
+            if ids.size == 0:
+                continue
+            pieces.append(ids)
+            pieces.append(np.array([SEPARATOR], dtype=np.int32))
+            count += 1
+        if not pieces:
+            raise SpecbenchError("the corpus holds no text: nothing to build a datastore from")
+        tokens = np.concatenate(pieces)
+        suffixes = divsufsort(tokens, force64=tokens.size >= 2**31)
+        manifest = {**manifest, "format_version": FORMAT_VERSION, "documents": count, "tokens": int(tokens.size)}
+        return TokenDatastore(tokens, suffixes, manifest)
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        np.save(staging / "tokens.npy", self.tokens)
+        np.save(staging / "suffixes.npy", self.suffixes)
+        (staging / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n")
+        if directory.exists():
+            shutil.rmtree(directory)
+        staging.replace(directory)
+
+    @staticmethod
+    def load(directory: str | Path, tokenizer_fingerprint: str | None = None) -> "TokenDatastore":
+        """Load a datastore, checking that it is whole and was built with the expected tokenizer."""
+        directory = Path(directory)
+        manifest_file = directory / "manifest.json"
+        rebuild = "rebuild it with scripts/build_datastore.py"
+        if not manifest_file.is_file():
+            raise SpecbenchError(f"{directory}: no datastore here (manifest.json missing); {rebuild}")
+        try:
+            manifest = json.loads(manifest_file.read_text())
+            tokens = np.load(directory / "tokens.npy", mmap_mode="r")
+            suffixes = np.load(directory / "suffixes.npy", mmap_mode="r")
+        except (OSError, ValueError) as error:
+            raise SpecbenchError(f"{directory}: damaged datastore ({error}); {rebuild}") from None
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise SpecbenchError(f"{directory}: datastore format {manifest.get('format_version')}, expected {FORMAT_VERSION}; {rebuild}")
+        if tokens.shape != suffixes.shape or tokens.shape[0] != manifest.get("tokens"):
+            raise SpecbenchError(f"{directory}: damaged datastore (token and suffix counts disagree); {rebuild}")
+        built_with = manifest.get("tokenizer", {}).get("fingerprint")
+        if tokenizer_fingerprint is not None and built_with != tokenizer_fingerprint:
+            raise SpecbenchError(
+                f"{directory} was built with another tokenizer ({manifest.get('tokenizer', {}).get('name')}) than "
+                f"the target's; build one for this model with scripts/build_datastore.py"
+            )
+        return TokenDatastore(np.asarray(tokens), np.asarray(suffixes), manifest)
+
+    # ---- search -----------------------------------------------------------------------------------------
+
+    def _key(self, query_length: int):
+        width = 4 * query_length
+        data, suffixes = self._bytes, self.suffixes
+
+        def key(rank: int) -> bytes:
+            start = 4 * int(suffixes[rank])
+            return data[start : start + width]
+
+        return key
+
+    def find(self, query: np.ndarray) -> tuple[int, int]:
+        """Suffix-array ranks [lo, hi) of the suffixes that start with ``query`` (empty when lo == hi)."""
+        target = (np.asarray(query, dtype=np.int64) - SEPARATOR).astype(">u4").tobytes()
+        key = self._key(len(query))
+        lo = bisect.bisect_left(range(self.suffixes.size), target, key=key)
+        hi = bisect.bisect_right(range(self.suffixes.size), target, lo=lo, key=key)
+        return lo, hi
+
+    def longest_suffix_match(self, context: np.ndarray, max_length: int, min_length: int) -> tuple[int, int, int]:
+        """The longest suffix of ``context`` (``max_length`` down to ``min_length`` tokens) that occurs in the
+        datastore, as (length, lo, hi); length 0 when none does.
+
+        If a suffix occurs, every shorter suffix occurs too, so the longest one is found by bisecting on the
+        length instead of trying each length in turn.
+        """
+        best = (0, 0, 0)
+        low, high = min_length, min(max_length, context.size)
+        while low <= high:
+            length = (low + high) // 2
+            lo, hi = self.find(context[context.size - length :])
+            if hi > lo:
+                best = (length, lo, hi)
+                low = length + 1
+            else:
+                high = length - 1
+        return best
+
+    def continuation_matrix(self, lo: int, hi: int, offset: int, length: int, max_matches: int) -> np.ndarray:
+        """[m, length] tokens following the matches of ranks [lo, hi), each starting ``offset`` tokens after
+        the match start; positions past the end of a document hold SEPARATOR. Rows stay in suffix-array
+        order, so equal prefixes are adjacent. More than ``max_matches`` matches are thinned evenly."""
+        ranks = np.arange(lo, hi)
+        if ranks.size > max_matches:
+            ranks = ranks[np.linspace(0, ranks.size - 1, max_matches).astype(np.int64)]
+        starts = self.suffixes[ranks].astype(np.int64) + offset
+        positions = np.minimum(starts[:, None] + np.arange(length), self.tokens.size - 1)
+        matrix = self.tokens[positions]
+        # Everything from a document's separator on is no continuation.
+        ended = np.logical_or.accumulate(matrix == SEPARATOR, axis=1)
+        matrix[ended] = SEPARATOR
+        return matrix
+
+    def continuations(self, lo: int, hi: int, offset: int, length: int, max_matches: int, top: int) -> Continuations:
+        """The ``top`` most frequent full-length continuations of the matches of ranks [lo, hi)."""
+        matrix = self.continuation_matrix(lo, hi, offset, length, max_matches)
+        matrix = matrix[(matrix != SEPARATOR).all(axis=1)]
+        if matrix.shape[0] == 0:
+            return Continuations(np.empty((0, length), dtype=np.int64), np.empty(0, dtype=np.int64))
+        starts = prefix_group_starts(matrix)[:, length - 1]
+        first_rows = np.flatnonzero(starts)
+        counts = np.diff(np.append(first_rows, matrix.shape[0]))
+        order = np.argsort(-counts, kind="stable")[:top]
+        return Continuations(matrix[first_rows[order]].astype(np.int64), counts[order])
+
+
+def prefix_group_starts(matrix: np.ndarray) -> np.ndarray:
+    """[m, length] bool for rows sorted lexicographically: entry (i, d) is True when row i's first d+1 tokens
+    differ from row i-1's, i.e. row i starts a new group of equal (d+1)-token prefixes.
+
+    Example: rows [5 1], [5 1], [5 2], [6 0] -> [[T T], [F F], [F T], [T T]].
+    """
+    starts = np.ones(matrix.shape, dtype=bool)
+    if matrix.shape[0] > 1:
+        starts[1:] = np.logical_or.accumulate(matrix[1:] != matrix[:-1], axis=1)
+    return starts

@@ -1,0 +1,123 @@
+"""Choosing how much of a draft to verify, from what verification costs and how often drafts are right.
+
+"Decoding Speculative Decoding" (Yan et al.) models throughput as accepted tokens per step over step time.
+With the target's measured latency per number of verified tokens, and running estimates of how often each
+kind of draft node is accepted, a step's expected throughput can be computed for every prefix of the
+draft's nodes ranked by acceptance probability; ``DraftBudget`` keeps the prefix that maximises it. On a GPU
+the latency is nearly flat in the token count and almost everything is kept; on a CPU it grows, and weak
+draft nodes (a 1-gram prompt match, a rare corpus continuation) are dropped before they cost a forward pass.
+Verifying fewer draft tokens never changes the output, only how fast it comes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class VerifyCost:
+    """Seconds of a verification forward pass over q tokens: measured at start, then kept current with the
+    step timings the loop observes (an exponential moving average per token count), interpolated between
+    known counts and extrapolated linearly beyond the largest."""
+
+    def __init__(self, latencies: dict[int, float], smoothing: float = 0.1):
+        self.latencies = dict(latencies)
+        self.smoothing = smoothing
+        self._arrays = None
+
+    def observe(self, size: int, seconds: float) -> None:
+        known = self.latencies.get(size)
+        self.latencies[size] = seconds if known is None else known + self.smoothing * (seconds - known)
+        if known is None:
+            self._arrays = None
+
+    def __call__(self, sizes):
+        """Seconds for one token count or an array of them."""
+        if self._arrays is None:
+            keys = sorted(self.latencies)
+            self._arrays = (np.array(keys, dtype=np.float64), keys)
+        grid, keys = self._arrays
+        values = np.array([self.latencies[k] for k in keys])
+        result = np.interp(sizes, grid, values)
+        if grid.size >= 2:
+            slope = (values[-1] - values[-2]) / (grid[-1] - grid[-2])
+            result = np.where(np.asarray(sizes) > grid[-1], values[-1] + slope * (np.asarray(sizes) - grid[-1]), result)
+        return result
+
+
+def calibration_sizes(largest: int) -> list[int]:
+    """Token counts worth measuring up to ``largest``: every size to 16, then a sparser grid."""
+    grid = list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128]
+    sizes = [size for size in grid if size <= largest]
+    return sizes if sizes[-1] == largest else sizes + [largest]
+
+
+def node_kinds(parents: np.ndarray, depths: np.ndarray, sources) -> list[tuple]:
+    """A kind per draft node (draft numbering): (source label, depth, rank among its siblings), the features
+    acceptance is estimated by. Depth and rank are capped so that rare deep nodes share estimates."""
+    seen_children: dict[int, int] = {}
+    kinds = []
+    for node, parent in enumerate(parents.tolist()):
+        rank = seen_children.get(parent, 0)
+        seen_children[parent] = rank + 1
+        kinds.append((sources[node] if sources else "", min(int(depths[node]), 12), min(rank, 3)))
+    return kinds
+
+
+class DraftBudget:
+    """Per drafter, running acceptance rates per node kind; per step, the nodes worth verifying.
+
+    A node's acceptance probability is its parent's times the conditional rate of its kind (the fraction of
+    such nodes accepted when their parent was), starting from ``prior_rate`` with weight ``prior_weight``.
+    A kind that is pruned is never observed again, so its estimate could never recover; an optimism bonus of
+    ``explore / sqrt(trials + 1)`` (an upper confidence bound) keeps rarely tried kinds in play.
+    """
+
+    def __init__(self, cost, prior_rate: float = 0.5, explore: float = 0.3, memory: float = 50.0,
+                 prior_weight: float = 2.0):
+        self.cost = cost  # callable: array of token counts to verify -> seconds (shape padding included)
+        self.prior_rate = prior_rate
+        self.explore = explore
+        self.prior_weight = prior_weight
+        self.memory = memory  # past this many trials a kind's counts are halved, so estimates can move
+        self.counts: dict[str, dict[tuple, list[float]]] = {}
+
+    def rates(self, drafter: str, kinds: list[tuple]) -> np.ndarray:
+        table = self.counts.setdefault(drafter, {})
+        rates = np.empty(len(kinds))
+        for index, kind in enumerate(kinds):
+            accepted, trials = table.get(kind, (0.0, 0.0))
+            mean = (accepted + self.prior_rate * self.prior_weight) / (trials + self.prior_weight)
+            rates[index] = min(1.0, mean + self.explore / np.sqrt(trials + 1.0))
+        return rates
+
+    def select(self, drafter: str, parents: np.ndarray, kinds: list[tuple], candidates: np.ndarray | None) -> np.ndarray:
+        """Indices (draft numbering, ascending) of the nodes to verify: every non-candidate, and the
+        candidates that maximise (1 + expected accepted tokens) / verify seconds."""
+        rates = self.rates(drafter, kinds)
+        probability = np.empty(len(kinds))
+        for node, parent in enumerate(parents.tolist()):
+            probability[node] = rates[node] * (probability[parent] if parent >= 0 else 1.0)
+        is_candidate = np.ones(len(kinds), dtype=bool) if candidates is None else candidates
+        fixed = int((~is_candidate).sum())
+        # Stable sort by descending probability: a parent is never less likely than its child and comes
+        # first among equals, so every prefix of this order is a valid tree.
+        ranked = np.flatnonzero(is_candidate)[np.argsort(-probability[is_candidate], kind="stable")]
+        expected = 1.0 + np.concatenate(([0.0], np.cumsum(probability[ranked])))
+        seconds = self.cost(1 + fixed + np.arange(ranked.size + 1))
+        best = int(np.argmax(expected / seconds))
+        return np.sort(np.concatenate((np.flatnonzero(~is_candidate), ranked[:best])))
+
+    def observe(self, drafter: str, parents: np.ndarray, kinds: list[tuple], candidates: np.ndarray | None,
+                accepted: list[int]) -> None:
+        """Count, for every verified candidate whose parent was accepted (or is the root), whether it was."""
+        table = self.counts.setdefault(drafter, {})
+        on_path = set(accepted)
+        for node, parent in enumerate(parents.tolist()):
+            if (candidates is not None and not candidates[node]) or (parent >= 0 and parent not in on_path):
+                continue
+            counts = table.setdefault(kinds[node], [0.0, 0.0])
+            counts[0] += node in on_path
+            counts[1] += 1.0
+            if counts[1] > self.memory:
+                counts[0] *= 0.5
+                counts[1] *= 0.5
