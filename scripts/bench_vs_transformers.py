@@ -26,9 +26,10 @@ from hydra.utils import instantiate
 
 from specbench.config import compose
 from specbench.data import TASKS, read_questions, select_questions
-from specbench.decoding.loop import Decoder, VerifyShapes
+from specbench.decoding.loop import Decoder
 from specbench.drafters.ar import NoDraft
 from specbench.drafters.pld import PromptLookup
+from specbench.runner import calibrate
 
 METHODS = ("hf-greedy", "ours-ar", "hf-pld", "ours-pld")
 
@@ -41,7 +42,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-draft-tokens", type=int, default=10, help="PLD draft length (both sides)")
     parser.add_argument("--max-ngram", type=int, default=3, help="PLD longest matched n-gram (both sides)")
-    parser.add_argument("--verify-padding", choices=("auto", "off"), default="auto")
+    parser.add_argument("--verify-padding", choices=("auto", "off"), default="auto", help="run.verify_padding")
+    parser.add_argument("--draft-budget", choices=("auto", "off"), default="auto",
+                        help="run.draft_budget for specbench's PLD (off: verify every draft token, as transformers does)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--linear-backend", choices=("auto", "aten", "onednn"), default="auto",
                         help="kernels of specbench's model (run.linear_backend)")
@@ -53,7 +56,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    cfg = compose([f"model={args.model}"])
+    cfg = compose([f"model={args.model}", f"run.verify_padding={args.verify_padding}",
+                   f"run.draft_budget={args.draft_budget}", f"run.max_draft_tokens={args.num_draft_tokens}"])
     target = instantiate(cfg.model, device=cfg.run.device, linear_backend=args.linear_backend)
     model = target.model
     hf_model = model
@@ -61,7 +65,7 @@ def main() -> None:
         hf_model = instantiate(cfg.model, device=cfg.run.device, linear_backend=args.hf_linear_backend).model
     eos = sorted(target.eos_token_ids)
     questions = select_questions(read_questions(args.questions), list(TASKS), args.limit_per_task)
-    decoder = Decoder(model, target.eos_token_ids, max_draft_tokens=64)
+    decoder = Decoder(model, target.eos_token_ids, max_draft_tokens=cfg.run.max_draft_tokens)
     pld = PromptLookup(max_ngram_size=args.max_ngram, num_draft_tokens=args.num_draft_tokens)
     ar = NoDraft()
 
@@ -85,13 +89,11 @@ def main() -> None:
     first_prompt = target.encode_conversation([questions[0].turns[0]], [])
     for method in METHODS:  # warm-up, untimed
         run(method, first_prompt[: min(len(first_prompt), 256)])
-    if args.verify_padding == "auto":
-        sizes = list(range(1, min(16, args.num_draft_tokens + 1) + 1))
-        latencies = decoder.measure_verify_latency(first_prompt, sizes, repeats=3)
-        decoder.verify_shapes = VerifyShapes.from_latencies(latencies, min_gain=0.1)
+    latencies = calibrate(cfg.run, target, decoder, first_prompt)
+    if latencies:
         print("verify latency (ms) by tokens verified:",
-              ", ".join(f"{size}:{latencies[size] * 1e3:.1f}" for size in sizes))
-        print("padding:", {s: decoder.verify_shapes.padded(s) for s in sizes if decoder.verify_shapes.padded(s) != s})
+              ", ".join(f"{size}:{seconds * 1e3:.1f}" for size, seconds in latencies.items()))
+        print("padding:", {s: decoder.verify_shapes.padded(s) for s in latencies if decoder.verify_shapes.padded(s) != s})
 
     speeds = defaultdict(lambda: defaultdict(list))  # task -> method -> tokens/s per question
     outside_forward = defaultdict(lambda: [0.0, 0.0])  # method -> [seconds outside forwards, step seconds]

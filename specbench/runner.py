@@ -221,23 +221,22 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
     return summary
 
 
-def _warm_up(run: DictConfig, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:
-    """Decode untimed, so that lazy initialisation and caches do not land in the first question; then
-    measure the target's verify latency per token count, for shape padding and the draft budget."""
+def first_turn_ids(model: LoadedModel, prompt: Prompt) -> list[int]:
     prompt_ids = model.encode_conversation([prompt.turns[0]], [])
     if len(prompt_ids) >= model.max_context:
         raise TurnTooLong(
             f"question {prompt.question_id} turn 1: the prompt has {len(prompt_ids)} tokens, more than "
             f"{model.name}'s context of {model.max_context}"
         )
-    budget = min(run.warmup_max_new_tokens, model.max_context - len(prompt_ids))
-    for _ in range(run.warmup_runs):
-        for which in (drafter, baseline):
-            decoder.generate(prompt_ids, which, budget)
+    return prompt_ids
+
+
+def calibrate(run: DictConfig, model: LoadedModel, decoder: Decoder, prompt_ids: list[int]) -> dict[int, float]:
+    """Measure the target's verify latency per token count on ``prompt_ids`` and set up shape padding
+    (run.verify_padding) and the draft budget (run.draft_budget) on ``decoder``; return the latencies."""
     if run.verify_padding == "off" and run.draft_budget == "off":
-        return
-    largest = min(run.max_draft_tokens + 1, model.max_context - len(prompt_ids))
-    sizes = calibration_sizes(largest)
+        return {}
+    sizes = calibration_sizes(min(run.max_draft_tokens + 1, model.max_context - len(prompt_ids)))
     if run.draft_budget == "off":
         sizes = [size for size in sizes if size <= run.verify_padding_max]
     latencies = decoder.measure_verify_latency(prompt_ids, sizes, repeats=5)
@@ -251,7 +250,22 @@ def _warm_up(run: DictConfig, model, decoder: Decoder, drafter, baseline, prompt
         decoder.draft_budget = DraftBudget(lambda counts: cost(shapes.padded_array(counts)),
                                            prior_rate=run.draft_budget_prior, explore=run.draft_budget_explore,
                                            memory=run.draft_budget_memory)
-    padded = {size: decoder.verify_shapes.padded(size) for size in sizes if decoder.verify_shapes.padded(size) != size}
-    log.info("verify latency by tokens verified: %s; padding %s",
-             ", ".join(f"{size}:{latencies[size] * 1000:.1f}ms" for size in sizes), padded or "none")
-    (run_path / "verify_latency.json").write_text(json.dumps({"latency_s": latencies, "pad_to": padded}, indent=2) + "\n")
+    return latencies
+
+
+def _warm_up(run: DictConfig, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:
+    """Decode untimed, so that lazy initialisation and caches do not land in the first question; then
+    calibrate the decoder (verify latency per token count) and record what was measured."""
+    prompt_ids = first_turn_ids(model, prompt)
+    budget = min(run.warmup_max_new_tokens, model.max_context - len(prompt_ids))
+    for _ in range(run.warmup_runs):
+        for which in (drafter, baseline):
+            decoder.generate(prompt_ids, which, budget)
+    latencies = calibrate(run, model, decoder, prompt_ids)
+    if latencies:
+        padded = {size: decoder.verify_shapes.padded(size) for size in latencies
+                  if decoder.verify_shapes.padded(size) != size}
+        log.info("verify latency by tokens verified: %s; padding %s",
+                 ", ".join(f"{size}:{seconds * 1000:.1f}ms" for size, seconds in latencies.items()), padded or "none")
+        (run_path / "verify_latency.json").write_text(
+            json.dumps({"latency_s": latencies, "pad_to": padded}, indent=2) + "\n")

@@ -83,11 +83,13 @@ def test_resume_with_other_settings_is_refused_and_keeps_the_results(finished_ru
 
 
 def one_line_error(result):
+    """The error is one line, the last thing printed (progress bars may come before it), no traceback."""
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("specbench: error: "), result.stderr
+    errors = [line for line in lines if "error" in line.lower()]
+    assert errors == [lines[-1]] and lines[-1].startswith("specbench: error: "), result.stderr
     assert "Traceback" not in result.stderr
-    return lines[0]
+    return lines[-1]
 
 
 def test_unknown_choice_lists_the_valid_ones(tmp_path):
@@ -142,3 +144,35 @@ def test_analysis_reads_the_run_back(finished_run):
     assert overall.drafter == "pld" and overall.questions >= 6
     steps = load_steps([run_dir])
     assert set(steps["drafter"]) == {"pld"} and len(steps) == len(pd.read_parquet(run_dir / "steps.parquet"))
+
+
+def test_datastore_problems_name_the_file_and_the_fix(tmp_path):
+    missing = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.datastore={tmp_path}/none",
+                                       f"hydra.run.dir={tmp_path / 'r1'}"))
+    assert f"{tmp_path}/none" in missing and "build_datastore.py" in missing
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "manifest.json").write_text(json.dumps({"format_version": 1, "tokens": 3,
+                                                     "tokenizer": {"fingerprint": "someone-else", "name": "other"}}))
+    import numpy as np
+    np.save(store / "tokens.npy", np.array([1, 2, -1], dtype=np.int32))
+    np.save(store / "suffixes.npy", np.array([2, 0, 1], dtype=np.int32))
+    other = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.datastore={store}", f"hydra.run.dir={tmp_path / 'r2'}"))
+    assert "built with another tokenizer" in other and str(store) in other
+    (store / "suffixes.npy").write_bytes(b"not numpy")
+    broken = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.datastore={store}", f"hydra.run.dir={tmp_path / 'r3'}"))
+    assert "damaged datastore" in broken
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    nothing = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.corpus={empty}",
+                                       f"drafter.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'r4'}"))
+    assert "holds no text" in nothing and "empty.txt" in nothing
+
+
+def test_hd_records_which_database_supplied_the_accepted_tokens(tmp_path):
+    result = specbench(*TINY, "drafter=hd", "task=translation", "task.limit_per_task=1", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    accepted_more = steps[steps.accepted_tokens > 1]
+    assert len(accepted_more) and set(accepted_more.source) <= {"context", "model", "statistics"}
+    assert (steps[steps.accepted_tokens == 1].source == "").all()

@@ -114,3 +114,14 @@ def test_rest_accepts_long_runs_when_the_datastore_holds_the_output(tiny, prompt
         generation = decoder.generate(ids, drafter, 64)
         assert generation.token_ids == expected
         assert max(step.accepted_tokens for step in generation.steps) >= 5
+
+
+def test_hd_inside_the_lookahead_window_stays_lossless(tiny, prompt_ids):
+    drafter = HierarchyDrafting(order=["context"], lookahead_branch=True, window_size=4, draft_length=3)
+    decoder = Decoder(tiny.model, frozenset(), 64)
+    for ids in prompt_ids:
+        generation = decoder.generate(ids, drafter, 48)
+        assert generation.token_ids == greedy_reference(tiny.model, ids, 48)
+        assert {step.source for step in generation.steps} <= {"", "context"}
+        # the window (4 + 3 - 1 guesses at first) is verified every step alongside the candidates
+        assert all(step.draft_tokens >= 4 for step in generation.steps[1:])

@@ -37,8 +37,11 @@ def build_datastore(target, corpus: str, directory: Path, cache: Path) -> TokenD
     for text in tqdm(iter_documents(sources), desc=f"tokenizing {corpus}", unit="doc"):
         documents.append(np.asarray(target.tokenizer.encode(text, add_special_tokens=False), dtype=np.int32))
         characters += len(text)
-    if not documents:
-        raise SpecbenchError(f"corpus {corpus} holds no text: nothing to build a datastore from")
+    if not sum(document.size for document in documents):
+        raise SpecbenchError(
+            f"corpus {corpus} ({', '.join(sources)}) holds no text: nothing to build a datastore from; "
+            "give scripts/build_datastore.py --corpus (or drafter.corpus) files with text"
+        )
     started = time.perf_counter()
     datastore = TokenDatastore.build(documents, {
         "corpus": {"spec": corpus, "sources": sources, "characters": characters},
