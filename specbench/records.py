@@ -124,12 +124,7 @@ class RunDirectory:
                 )
         else:
             self.settings_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
-        answers = _read_answer_lines(self.answers_file)
-        baseline = _read_answer_lines(self.baseline_file)
-        steps = pd.read_parquet(self.steps_file) if self.steps_file.is_file() else pd.DataFrame(columns=STEP_COLUMNS)
-        finished = {record["question_id"] for record in answers} & set(steps["question_id"].tolist())
-        if self.with_baseline:
-            finished &= {record["question_id"] for record in baseline}
+        answers, baseline, steps, finished = self._read()
         self.answers = [r for r in answers if r["question_id"] in finished]
         self.baseline_answers = [r for r in baseline if r["question_id"] in finished]
         kept_steps = steps[steps["question_id"].isin(list(finished))]
@@ -140,6 +135,19 @@ class RunDirectory:
             self._rewrite_jsonl(self.baseline_file, self.baseline_answers)
         self._write_steps()
         return finished
+
+    def _read(self):
+        answers = _read_answer_lines(self.answers_file)
+        baseline = _read_answer_lines(self.baseline_file)
+        steps = pd.read_parquet(self.steps_file) if self.steps_file.is_file() else pd.DataFrame(columns=STEP_COLUMNS)
+        finished = {record["question_id"] for record in answers} & set(steps["question_id"].tolist())
+        if self.with_baseline:
+            finished &= {record["question_id"] for record in baseline}
+        return answers, baseline, steps, finished
+
+    def finished_ids(self) -> set:
+        """Ids of the questions finished here, read without changing anything."""
+        return self._read()[3] if self.path.is_dir() else set()
 
     def add(self, answer: dict, baseline: dict | None, step_rows: list[dict]) -> None:
         """Record one finished question: answers first, steps last (the steps mark it finished)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 import platform
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import specbench
 from specbench.data import Prompt, read_questions, select_questions
 from specbench.decoding.budget import DraftBudget, VerifyCost, calibration_sizes
 from specbench.decoding.loop import Decoder, VerifyShapes
+from specbench.decoding.sampling import Sampling
 from specbench.drafters.ar import NoDraft
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
@@ -51,6 +53,10 @@ def check_run_settings(run: DictConfig) -> None:
         raise SpecbenchError(f"run.draft_budget_memory must be at least 1, got {run.draft_budget_memory!r}")
     if not 0 < run.draft_budget_prior < 1:
         raise SpecbenchError(f"run.draft_budget_prior must be in (0, 1), got {run.draft_budget_prior!r}")
+    if not isinstance(run.temperature, (int, float)) or run.temperature < 0:
+        raise SpecbenchError(f"run.temperature must be 0 (greedy) or positive, got {run.temperature!r}")
+    if not isinstance(run.top_p, (int, float)) or not 0 < run.top_p <= 1:
+        raise SpecbenchError(f"run.top_p must be in (0, 1], got {run.top_p!r}")
     if run.threads is not None and (not isinstance(run.threads, int) or run.threads < 1):
         raise SpecbenchError(f"run.threads must be a positive integer or null, got {run.threads!r}")
 
@@ -72,6 +78,11 @@ class TurnTooLong(SpecbenchError):
     pass
 
 
+def turn_seed(seed: int, question_id, turn: int) -> int:
+    """The random seed of one turn: the same for the method and its baseline, independent of question order."""
+    return zlib.crc32(f"{seed}:{question_id}:{turn}".encode())
+
+
 def answer_question(
     model: LoadedModel, decoder: Decoder, drafter: Drafter, prompt: Prompt, max_new_tokens: int, on_step=None
 ) -> Answer:
@@ -86,7 +97,8 @@ def answer_question(
                 f"question {prompt.question_id} turn {turn + 1}: the prompt has {len(prompt_ids)} tokens, more than "
                 f"{model.name}'s context of {model.max_context}"
             )
-        generation = decoder.generate(prompt_ids, drafter, min(max_new_tokens, budget), on_step=on_step)
+        generation = decoder.generate(prompt_ids, drafter, min(max_new_tokens, budget), on_step=on_step,
+                                      seed=turn_seed(decoder.sampling.seed, prompt.question_id, turn))
         answer.texts.append(model.decode(generation.token_ids))
         answer.token_ids.append(generation.token_ids)
         answer.steps.append(generation.steps)
@@ -152,6 +164,39 @@ class LiveRate:
             self.bar.set_postfix_str(f"{self.label}: {generated} tok, {generated / elapsed:.1f} tok/s")
 
 
+def config_settings(cfg: DictConfig) -> dict:
+    """The settings results depend on that the configuration alone fixes (run.json holds these and the
+    loaded model's source, dtype, device and threads)."""
+    return {
+        "model": cfg.model.name,
+        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
+        "max_new_tokens": cfg.run.max_new_tokens,
+        "temperature": float(cfg.run.temperature),
+        "top_p": float(cfg.run.top_p),
+        "seed": cfg.run.seed,
+        "baseline": cfg.run.baseline,
+        "question_file": cfg.task.path,
+        "verify_padding": cfg.run.verify_padding,
+        "draft_budget": cfg.run.draft_budget,
+        "linear_backend": cfg.run.linear_backend,
+    }
+
+
+def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt]) -> dict | None:
+    """The summary of ``output_dir`` when it already holds every selected question for these settings, so a
+    re-run sweep skips finished cells without loading anything; None otherwise."""
+    settings_file, summary_file = Path(output_dir) / "run.json", Path(output_dir) / "summary.json"
+    if not (settings_file.is_file() and summary_file.is_file()):
+        return None
+    earlier = json.loads(settings_file.read_text())
+    if any(earlier.get(key) != value for key, value in config_settings(cfg).items()):
+        return None  # the full check in RunDirectory.open explains the difference
+    finished = RunDirectory(output_dir, with_baseline=cfg.run.baseline).finished_ids()
+    if not all(prompt.question_id in finished for prompt in questions):
+        return None
+    return json.loads(summary_file.read_text())
+
+
 def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
     """Run the benchmark described by ``cfg`` into ``output_dir`` and return the summary."""
     check_run_settings(cfg.run)
@@ -160,23 +205,21 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
     torch.manual_seed(cfg.run.seed)
 
     questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
+    finished_summary = already_finished(cfg, output_dir, questions)
+    if finished_summary is not None:
+        log.info("%s: every selected question is already done; nothing to run", output_dir)
+        return finished_summary
     drafter: Drafter = build(cfg.drafter)
     model: LoadedModel = build(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
-    drafter.prepare(model)
+    sampling = Sampling(temperature=float(cfg.run.temperature), top_p=float(cfg.run.top_p), seed=cfg.run.seed)
+    drafter.prepare(model, sampling)
     baseline = NoDraft()
 
     settings = {
-        "model": model.name,
+        **config_settings(cfg),
         "model_source": model.source,
         "dtype": str(model.dtype).removeprefix("torch."),
-        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
-        "max_new_tokens": cfg.run.max_new_tokens,
-        "baseline": cfg.run.baseline,
-        "question_file": cfg.task.path,
-        "verify_padding": cfg.run.verify_padding,
-        "draft_budget": cfg.run.draft_budget,
         "device": str(model.device),
-        "linear_backend": cfg.run.linear_backend,
         "threads": torch.get_num_threads(),
     }
     run_dir = RunDirectory(output_dir, with_baseline=cfg.run.baseline)
@@ -186,7 +229,7 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
     if finished:
         log.info("resuming in %s: %d of %d questions already done", output_dir, len(questions) - len(pending), len(questions))
 
-    decoder = Decoder(model.model, model.eos_token_ids, cfg.run.max_draft_tokens)
+    decoder = Decoder(model.model, model.eos_token_ids, cfg.run.max_draft_tokens, sampling=sampling)
     if pending:
         _warm_up(cfg.run, model, decoder, drafter, baseline, pending[0], run_dir.path)
 

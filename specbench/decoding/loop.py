@@ -10,6 +10,7 @@ import torch
 
 from specbench.decoding.budget import DraftBudget, node_kinds
 from specbench.decoding.kv_cache import TreeKVCache
+from specbench.decoding.sampling import Sampling, draw, sampled_accepted_path, target_distribution
 from specbench.decoding.tree import (
     ancestor_matrix,
     chain_parents,
@@ -34,6 +35,8 @@ class StepRecord:
     verify_s:        time in the target's forward pass, up to reading its choices back on the host.
     overhead_s:      everything else the loop does in the step (building inputs, acceptance, cache upkeep).
     context_len:     prompt + generated tokens before the step.
+    draft_depth:     longest path of candidate draft tokens verified (a chain's length); with accepted_tokens
+                     it gives the acceptance per draft position.
     source:          label of the last accepted draft token (Draft.sources), "" when none was accepted or
                      the drafter gives no labels.
     """
@@ -46,6 +49,7 @@ class StepRecord:
     verify_s: float
     overhead_s: float
     context_len: int
+    draft_depth: int = 0
     source: str = ""
 
 
@@ -57,6 +61,14 @@ class Generation:
     steps: list[StepRecord] = field(default_factory=list)
     wall_s: float = 0.0
     finish_reason: str = "length"
+
+
+def draft_depth(parents: np.ndarray, candidates: np.ndarray | None) -> int:
+    """Depth of the deepest candidate node (node numbering), 0 for an empty draft."""
+    if parents.size == 1:
+        return 0
+    depths = node_depths(parents)
+    return int(depths.max() if candidates is None else depths[candidates].max())
 
 
 class VerifyShapes:
@@ -95,10 +107,12 @@ class VerifyShapes:
 
 
 class Decoder:
-    """Runs prefill + draft/verify steps on a target model with greedy verification.
+    """Runs prefill + draft/verify steps on a target model.
 
-    The target's outputs are identical to plain greedy decoding: every appended token is the target's own
-    argmax given all tokens before it; a drafter only changes how many of them one forward pass settles.
+    Greedy (temperature 0): the output is identical to plain greedy decoding, since every appended token is
+    the target's own argmax given all tokens before it. Sampling: every appended token is distributed exactly
+    as plain sampling from the target would draw it (see ``specbench.decoding.sampling``). A drafter only
+    changes how many tokens one forward pass settles.
     """
 
     def __init__(
@@ -109,6 +123,7 @@ class Decoder:
         verify_shapes: VerifyShapes | None = None,
         draft_budget: DraftBudget | None = None,
         verify_cost=None,
+        sampling: Sampling | None = None,
     ):
         self.model = model
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -116,6 +131,7 @@ class Decoder:
         self.verify_shapes = verify_shapes or VerifyShapes()
         self.draft_budget = draft_budget
         self.verify_cost = verify_cost  # a VerifyCost that learns from the step timings, if given
+        self.sampling = sampling or Sampling()
         self.device = next(model.parameters()).device
         self.num_layers = model.config.get_text_config().num_hidden_layers
         if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "flash_attention_2"):
@@ -127,12 +143,16 @@ class Decoder:
             torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int, on_step=None) -> Generation:
-        """Greedy-decode up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after an EOS token.
+    def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int, on_step=None,
+                 seed: int | None = None) -> Generation:
+        """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after an EOS token.
 
         on_step: optional ``callable(tokens_generated, seconds_elapsed)`` called after every step, for
         progress display; it should return quickly, since its time counts in the wall time.
+        seed: seed of this decode's random draws when sampling (default: the sampling config's seed).
         """
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(self.sampling.seed if seed is None else seed)
         clock = time.perf_counter
         prompt = np.asarray(prompt_ids, dtype=np.int64)
         capacity = prompt.size + max_new_tokens + self.max_draft_tokens + 1
@@ -146,7 +166,7 @@ class Decoder:
         started = clock()
         drafter.begin(prompt)
         after_begin = clock()
-        first = self._prefill(cache, prompt)
+        first = self._prefill(cache, prompt, generator)
         after_prefill = clock()
         context[length] = first
         length += 1
@@ -177,13 +197,19 @@ class Decoder:
             inputs = self._verification_inputs(node_tokens, parents, start)
             built = clock()
 
-            target_tokens = self._forward(cache, *inputs)[: parents.size]
+            logits = self._forward(cache, *inputs)[: parents.size]
+            target_tokens = logits.argmax(dim=-1).cpu().numpy()
+            if self.sampling.greedy:
+                path = greedy_accepted_path(parents, node_tokens, target_tokens, candidates)
+                final = int(target_tokens[path[-1] if path else 0])
+            else:
+                draft_probs = None if draft.probs is None else draft.probs[torch.from_numpy(kept).to(draft.probs.device)]
+                path, final = sampled_accepted_path(parents, node_tokens, target_distribution(logits, self.sampling),
+                                                    draft_probs, candidates, generator)
             verified = clock()
             if self.verify_cost is not None:
                 self.verify_cost.observe(int(inputs[0].shape[1]), verified - built)
-
-            path = greedy_accepted_path(parents, node_tokens, target_tokens, candidates)
-            new_tokens = [int(t) for t in node_tokens[path]] + [int(target_tokens[path[-1] if path else 0])]
+            new_tokens = [int(t) for t in node_tokens[path]] + [final]
             for cut, token in enumerate(new_tokens):
                 if token in self.eos_token_ids:
                     new_tokens = new_tokens[: cut + 1]
@@ -220,6 +246,7 @@ class Decoder:
                     verify_s=verified - built,
                     overhead_s=(built - drafted) + (bookkept - verified),
                     context_len=length - len(new_tokens),
+                    draft_depth=draft_depth(parents, candidates),
                     source=source,
                 )
             )
@@ -275,16 +302,18 @@ class Decoder:
             mask.to(self.device),
         )
 
-    def _prefill(self, cache: TreeKVCache, prompt: np.ndarray) -> int:
+    def _prefill(self, cache: TreeKVCache, prompt: np.ndarray, generator: torch.Generator | None = None) -> int:
         input_ids = torch.from_numpy(prompt).to(self.device).unsqueeze(0)
-        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits
-        return int(logits[0, -1].argmax())
+        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+        if self.sampling.greedy:
+            return int(logits[0].argmax())
+        return draw(target_distribution(logits, self.sampling)[0], generator)
 
-    def _forward(self, cache: TreeKVCache, input_ids, position_ids, mask) -> np.ndarray:
-        logits = self.model(
+    def _forward(self, cache: TreeKVCache, input_ids, position_ids, mask) -> torch.Tensor:
+        """[verified tokens, vocab] logits of one verification forward pass."""
+        return self.model(
             input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True
-        ).logits
-        return logits[0].argmax(dim=-1).cpu().numpy()
+        ).logits[0]
 
     @torch.inference_mode()
     def measure_verify_latency(self, prompt_ids: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
@@ -302,7 +331,7 @@ class Decoder:
                 inputs = self._verification_inputs(node_tokens, parents, start)
                 self._synchronize()
                 began = time.perf_counter()
-                self._forward(cache, *inputs)
+                self._forward(cache, *inputs).argmax(dim=-1).cpu()
                 timings[size].append(time.perf_counter() - began)
                 cache.truncate(start)
         return {size: float(np.median(values)) for size, values in timings.items()}

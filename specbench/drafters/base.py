@@ -2,7 +2,7 @@
 
 A drafter is prepared once for a target model, then lives through one question at a time:
 
-    prepare(target)                 load what it needs for this target
+    prepare(target, sampling)       load what it needs for this target and sampling configuration
     begin(prompt_ids)               a new question: reset per-question state
     propose(context_ids) -> Draft   candidate tokens for the next step (may be empty)
     accept(accepted_ids, outcome)   what the target kept, so stateful drafters can learn from it
@@ -90,9 +90,10 @@ class Drafter(ABC):
     #: name used in records and result tables; set from the config.
     name: str = "drafter"
 
-    def prepare(self, target) -> None:
-        """Called once before the first question with the target (a ``specbench.models.LoadedModel``):
-        load databases or models, check that they fit the target's tokenizer, move to its device."""
+    def prepare(self, target, sampling=None) -> None:
+        """Called once before the first question with the target (a ``specbench.models.LoadedModel``) and
+        the run's ``specbench.decoding.sampling.Sampling`` (None = greedy): load databases or models, check
+        that they fit the target's tokenizer, move to its device."""
 
     def begin(self, prompt_ids: np.ndarray) -> None:
         """Start a new question whose prompt is ``prompt_ids`` ([prompt_len] int64)."""

@@ -77,7 +77,7 @@ class HierarchyDrafting(Drafter):
         self._window_size = 0
         self._window_draft = None  # the draft that carried the window, so its outputs are read only from it
 
-    def prepare(self, target) -> None:
+    def prepare(self, target, sampling=None) -> None:
         from specbench.datastores import build
 
         if "model" in self.order:

@@ -86,7 +86,7 @@ class RetrievalDrafter(Drafter):
         self.cache_dir = cache_dir
         self.datastore = None
 
-    def prepare(self, target) -> None:
+    def prepare(self, target, sampling=None) -> None:
         from specbench.datastores.build import statistics_datastore
 
         self.datastore = statistics_datastore(target, self.datastore_path, self.corpus, self.cache_dir)

@@ -1,0 +1,71 @@
+"""``python -m analysis COMMAND RUNS...``: tables, throughput model, figures and an HTML report from runs.
+
+    python -m analysis tables runs/ --format md            # Spec-Bench leaderboard (md, latex, csv)
+    python -m analysis throughput runs/                    # DSD throughput model: fit, deviation, requirements
+    python -m analysis figures runs/ --out figures/        # every figure, PNG and PDF
+    python -m analysis report runs/ --out report.html      # one offline HTML page with all of it
+    python -m analysis tables runs/ --spec-bench method.jsonl baseline.jsonl vicuna-7b eagle
+
+RUNS are run directories or folders holding them (a multirun's sweep folder, or runs/). --spec-bench adds
+Spec-Bench's own model_answer files (a method's and its baseline's, with a model and method name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.figures import make_all
+from analysis.report import build_report
+from analysis.runs import load_questions, load_steps, read_spec_bench
+from analysis.tables import leaderboard, render
+from analysis.throughput import model_table, requirements
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("tables", "throughput", "figures", "report"))
+    parser.add_argument("runs", nargs="*", default=["runs"])
+    parser.add_argument("--format", choices=("md", "latex", "csv"), default="md", help="for tables")
+    parser.add_argument("--out", default=None, help="output file (tables, report) or folder (figures)")
+    parser.add_argument("--spec-bench", nargs=4, action="append", default=[],
+                        metavar=("METHOD_JSONL", "BASELINE_JSONL", "MODEL", "METHOD"))
+    args = parser.parse_args(argv)
+
+    questions = load_questions(args.runs)
+    extra = [read_spec_bench(*files) for files in args.spec_bench]
+    questions = pd.concat([questions, *extra], ignore_index=True) if extra else questions
+    if questions.empty:
+        print(f"analysis: no runs with answers under {', '.join(args.runs)}", file=sys.stderr)
+        sys.exit(2)
+    steps = load_steps(args.runs)
+
+    if args.command == "tables":
+        text = render(leaderboard(questions), args.format)
+        if args.out:
+            Path(args.out).write_text(text)
+        print(text)
+    elif args.command == "throughput":
+        table = model_table(steps)
+        pd.set_option("display.width", 200)
+        print(table[["model", "label", "mat", "draft_ms", "verify_ms", "fitted_verify_ms", "measured_tps",
+                     "predicted_tps", "deviation"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print(f"\nlargest deviation of predicted from measured throughput: {100 * table.deviation.abs().max():.1f}%")
+        print("\nwhat each run would need to match the best of its model (all else equal):")
+        print(requirements(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    elif args.command == "figures":
+        written, skipped = make_all(questions, steps, Path(args.out or "figures"))
+        for path in written:
+            print(path)
+        for reason in skipped:
+            print(f"skipped: {reason}", file=sys.stderr)
+    else:
+        print(build_report(questions, steps, Path(args.out or "report.html")))
+
+
+if __name__ == "__main__":
+    main()

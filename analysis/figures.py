@@ -1,0 +1,195 @@
+"""The papers' figures from run directories, as PNG and PDF; ``make_all`` draws every figure the data
+supports and says which it skipped and why.
+
+    HD paper style:  speedup per task for all drafters; MAT per task; latency breakdown per drafter;
+                     HD ablation (database subsets and orders) and the share of accepted tokens per database
+    DSD style:       draft latency vs depth and vs parameters; throughput vs acceptance; predicted vs
+                     measured throughput
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from analysis.tables import run_task_stats  # noqa: E402
+from analysis.throughput import model_table  # noqa: E402
+from specbench.data import TASKS  # noqa: E402
+
+DATABASES = ("context", "model", "statistics")
+
+
+def _save(figure, out: Path, name: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    figure.tight_layout()
+    for path in paths:
+        figure.savefig(path, dpi=150)
+    plt.close(figure)
+    return paths
+
+
+def _grouped_bars(ax, table: pd.DataFrame, ylabel: str, reference: float | None = None) -> None:
+    """Bars per row (task), one colour per column (run label)."""
+    width = 0.8 / max(1, table.shape[1])
+    positions = np.arange(table.shape[0])
+    for index, column in enumerate(table.columns):
+        ax.bar(positions + index * width, table[column].values, width, label=column)
+    ax.set_xticks(positions + width * (table.shape[1] - 1) / 2)
+    ax.set_xticklabels(table.index, rotation=20, ha="right")
+    ax.set_ylabel(ylabel)
+    if reference is not None:
+        ax.axhline(reference, color="black", linewidth=0.8, linestyle="--")
+    ax.legend(fontsize=7, ncols=2)
+
+
+def _per_task(questions: pd.DataFrame, stat: str) -> pd.DataFrame:
+    stats = run_task_stats(questions)
+    table = stats.groupby(["task", "label"])[stat].mean().unstack("label")
+    return table.reindex([t for t in (*TASKS, "overall") if t in table.index])
+
+
+def speedup_per_task(questions, out):
+    figure, ax = plt.subplots(figsize=(9, 4))
+    _grouped_bars(ax, _per_task(questions, "speedup"), "speedup over AR", reference=1.0)
+    ax.set_title("Speedup per task")
+    return _save(figure, out, "speedup_per_task")
+
+
+def mat_per_task(questions, out):
+    figure, ax = plt.subplots(figsize=(9, 4))
+    _grouped_bars(ax, _per_task(questions, "mat"), "mean accepted tokens per step", reference=1.0)
+    ax.set_title("Mean accepted tokens per task")
+    return _save(figure, out, "mat_per_task")
+
+
+def latency_breakdown(steps, out):
+    decode = steps[steps.step > 0]
+    table = decode.groupby("label")[["draft_s", "verify_s", "overhead_s"]].mean() * 1000
+    figure, ax = plt.subplots(figsize=(7, 4))
+    bottom = np.zeros(len(table))
+    for column, name in (("draft_s", "draft"), ("verify_s", "verify"), ("overhead_s", "overhead")):
+        ax.bar(table.index, table[column], bottom=bottom, label=name)
+        bottom += table[column].values
+    ax.set_ylabel("ms per step")
+    ax.set_title("Latency per decoding step")
+    ax.tick_params(axis="x", rotation=20)
+    ax.legend()
+    return _save(figure, out, "latency_breakdown")
+
+
+def hd_ablation(questions, steps, out):
+    hd_questions = questions[questions.drafter.str.startswith("hd")]
+    overall = run_task_stats(hd_questions)
+    overall = overall[overall.task == "overall"].groupby("label").speedup.mean().sort_values()
+    decode = steps[(steps.step > 0) & steps.drafter.str.startswith("hd")]
+    draft_accepted = decode.assign(tokens=decode.accepted_tokens - 1)
+    share = draft_accepted[draft_accepted.source.isin(DATABASES)].groupby(["label", "source"]).tokens.sum().unstack(fill_value=0)
+    share = share.div(share.sum(axis=1), axis=0).reindex(overall.index).fillna(0)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 0.5 * len(overall) + 2.5))
+    left.barh(overall.index, overall.values)
+    left.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+    left.set_xlabel("overall speedup over AR")
+    left.set_title("HD by database subset and order")
+    start = np.zeros(len(share))
+    for database in DATABASES:
+        if database in share:
+            right.barh(share.index, share[database], left=start, label=database)
+            start += share[database].values
+    right.set_xlabel("share of accepted draft tokens")
+    right.set_title("Which database supplied them")
+    right.legend()
+    return _save(figure, out, "hd_ablation")
+
+
+def _draft_manifests(run_dirs) -> pd.DataFrame:
+    """Pruned-draft facts (layers, parameters) of draft-model runs, from their run.json and the draft's
+    manifest."""
+    rows = []
+    for run_dir in run_dirs:
+        settings = json.loads((Path(run_dir) / "run.json").read_text())
+        path = (settings.get("drafter", {}).get("model") or {}).get("path")
+        manifest = Path(path) / "specbench_draft.json" if path else None
+        if manifest and manifest.is_file():
+            facts = json.loads(manifest.read_text())
+            rows.append({"run_dir": run_dir, "layers": len(facts["kept_layers"]), "parameters": facts["parameters"]})
+    return pd.DataFrame(rows, columns=["run_dir", "layers", "parameters"])
+
+
+def draft_depth(steps, out):
+    drafts = _draft_manifests(steps.run_dir.unique())
+    decode = steps[steps.step > 0]
+    per_run = decode.groupby("run_dir").agg(draft_s=("draft_s", "sum"), drafted=("draft_tokens", "sum"),
+                                            accepted=("accepted_tokens", "mean")).reset_index()
+    table = drafts.merge(per_run, on="run_dir")
+    table["ms_per_token"] = 1000 * table.draft_s / table.drafted.clip(lower=1)
+    table = table.sort_values("layers")
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(table.layers, table.ms_per_token, marker="o")
+    left.set_xlabel("draft depth (layers)")
+    left.set_ylabel("draft latency per token (ms)")
+    left.set_title("Draft latency vs depth")
+    right.plot(table.parameters / 1e6, table.ms_per_token, marker="o")
+    for row in table.itertuples():
+        right.annotate(f"{row.layers}L", (row.parameters / 1e6, row.ms_per_token), fontsize=8)
+    right.set_xlabel("draft parameters (millions)")
+    right.set_ylabel("draft latency per token (ms)")
+    right.set_title("Draft latency vs size (full width)")
+    return _save(figure, out, "draft_latency_depth")
+
+
+def throughput_vs_acceptance(table, out):
+    figure, ax = plt.subplots(figsize=(6, 4.5))
+    for label, group in table.groupby("label"):
+        ax.scatter(group.mat, group.measured_tps, label=label)
+    ax.set_xlabel("mean accepted tokens per step")
+    ax.set_ylabel("measured tokens/s")
+    ax.set_title("Throughput vs acceptance")
+    ax.legend(fontsize=7)
+    return _save(figure, out, "throughput_vs_acceptance")
+
+
+def predicted_vs_measured(table, out):
+    figure, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(table.measured_tps, table.predicted_tps)
+    for row in table.itertuples():
+        ax.annotate(row.label[:24], (row.measured_tps, row.predicted_tps), fontsize=7)
+    low, high = table[["measured_tps", "predicted_tps"]].min().min(), table[["measured_tps", "predicted_tps"]].max().max()
+    ax.plot([low, high], [low, high], color="black", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("measured tokens/s")
+    ax.set_ylabel("predicted tokens/s (throughput model)")
+    ax.set_title(f"Model fit: max deviation {100 * table.deviation.abs().max():.1f}%")
+    return _save(figure, out, "predicted_vs_measured")
+
+
+def make_all(questions: pd.DataFrame, steps: pd.DataFrame, out: Path) -> tuple[list[Path], list[str]]:
+    """Every figure the runs support; returns (files written, reasons for figures skipped)."""
+    written, skipped = [], []
+    if questions.empty:
+        return written, ["no runs with answers"]
+    written += speedup_per_task(questions, out)
+    written += mat_per_task(questions, out)
+    if not steps.empty:
+        written += latency_breakdown(steps, out)
+        table = model_table(steps)
+        written += throughput_vs_acceptance(table, out)
+        written += predicted_vs_measured(table, out)
+        hd = steps[steps.drafter.str.startswith("hd")]
+        if not hd.empty:
+            written += hd_ablation(questions, steps, out)
+        else:
+            skipped.append("hd_ablation: no HD runs")
+        if not _draft_manifests(steps.run_dir.unique()).empty:
+            written += draft_depth(steps, out)
+        else:
+            skipped.append("draft_latency_depth: no runs with pruned drafts (scripts/bench_draft_depth.py)")
+    else:
+        skipped.append("step-level figures: no steps.parquet")
+    return written, skipped

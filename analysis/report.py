@@ -1,0 +1,71 @@
+"""One static HTML page (tables and figures, images embedded) from a set of runs, viewable offline."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.figures import make_all
+from analysis.tables import formatted, leaderboard
+from analysis.throughput import model_table, requirements
+
+STYLE = """
+body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
+table { border-collapse: collapse; font-size: 13px; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+.note { color: #666; font-size: 13px; }
+"""
+
+
+def _table_html(frame: pd.DataFrame, float_format="{:.3f}") -> str:
+    return frame.to_html(index=False, border=0, float_format=lambda v: float_format.format(v))
+
+
+def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = "specbench report") -> Path:
+    """Write ``out`` (an .html file) and return it."""
+    sections = [f"<h1>{html.escape(title)}</h1>",
+                f"<p class='note'>Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from "
+                f"{questions.run_dir.nunique()} run(s), {len(questions)} question records.</p>"]
+    if not questions.empty:
+        sections += ["<h2>Speedup and mean accepted tokens (MAT)</h2>",
+                     "<p class='note'>Spec-Bench's definitions: per-question tokens/s averaged over questions, "
+                     "method over its paired AR baseline; MAT counts the bonus token. Mean ± standard deviation "
+                     "over repeated runs of a configuration.</p>",
+                     _table_html(formatted(leaderboard(questions)))]
+    if not steps.empty:
+        table = model_table(steps)
+        shown = table[["model", "label", "mat", "draft_ms", "verify_ms", "fitted_verify_ms", "measured_tps",
+                       "predicted_tps", "deviation"]]
+        sections += ["<h2>Throughput model</h2>",
+                     "<p class='note'>throughput = accepted tokens per step / (draft latency per step + target "
+                     "latency(verified tokens)), with the target latency fitted as a line per model "
+                     f"(\"Decoding Speculative Decoding\"). Largest deviation: "
+                     f"{100 * table.deviation.abs().max():.1f}%.</p>",
+                     _table_html(shown),
+                     "<h3>What would match the best draft</h3>",
+                     _table_html(requirements(table))]
+    with tempfile.TemporaryDirectory() as scratch:
+        written, skipped = make_all(questions, steps, Path(scratch))
+        images = [path for path in written if path.suffix == ".png"]
+        if images:
+            sections.append("<h2>Figures</h2>")
+        for path in images:
+            data = base64.b64encode(path.read_bytes()).decode()
+            sections.append(f"<h3>{html.escape(path.stem.replace('_', ' '))}</h3><img src='data:image/png;base64,{data}'>")
+        if skipped:
+            sections.append("<p class='note'>Not drawn: " + html.escape("; ".join(skipped)) + "</p>")
+    runs = sorted(questions.run_dir.unique())
+    sections += ["<h2>Runs</h2>", "<ul>" + "".join(f"<li>{html.escape(run)}</li>" for run in runs) + "</ul>"]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                   f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>", encoding="utf-8")
+    return out

@@ -1,0 +1,96 @@
+"""DSD's depth question at small scale: depth-pruned drafts of the target, each measured for draft latency
+per token, acceptance and speedup over AR on the same questions.
+
+    python scripts/bench_draft_depth.py --depths 2 4 6 8 --distill-tokens 100000 --limit-per-task 1
+
+For each depth the draft keeps that many of the target's layers (evenly spaced, full width), distilled on
+--distill-tokens tokens (cached: built once per setting, as scripts/prune_draft.py does), then runs as
+drafter=draft_model into OUT/L<depth> (re-running resumes). The table gives the draft's parameters, its
+latency per drafted token next to the target's, the share of drafted tokens accepted, the mean accepted
+tokens per step (MAT) and the paired speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+
+from specbench.config import compose
+from specbench.decoding.kv_cache import TreeKVCache
+from specbench.drafters.draft_model import pruned_draft_directory
+from specbench.pruning import build_pruned_draft
+from specbench.runner import run_benchmark
+
+
+@torch.inference_mode()
+def seconds_per_token(model, context_tokens: int = 256, tokens: int = 48) -> float:
+    """Median time of one-token forward passes on top of a ``context_tokens`` cache."""
+    layers = model.config.get_text_config().num_hidden_layers
+    cache = TreeKVCache(layers, context_tokens + tokens + 1)
+    model(input_ids=torch.randint(100, 1000, (1, context_tokens)), cache=cache, use_cache=True, logits_to_keep=1)
+    timings = []
+    for _ in range(tokens):
+        began = time.perf_counter()
+        model(input_ids=torch.randint(100, 1000, (1, 1)), cache=cache, use_cache=True, logits_to_keep=1)
+        timings.append(time.perf_counter() - began)
+    return float(np.median(timings))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--depths", nargs="+", type=int, default=[2, 4, 6, 8])
+    parser.add_argument("--distill-tokens", type=int, default=100000)
+    parser.add_argument("--corpus", default="python-docs")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--limit-per-task", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", default="runs/draft_depth")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    cfg = compose([f"model={args.model}", *args.overrides])
+    target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
+    target_seconds = seconds_per_token(target.model)
+    rows = []
+    for depth in args.depths:
+        spec = {"layers": depth, "selection": "evenly", "distill_tokens": args.distill_tokens, "corpus": args.corpus}
+        directory = pruned_draft_directory(target, spec, None)
+        if not (directory / "config.json").is_file():
+            build_pruned_draft(target, directory, depth, "evenly", args.distill_tokens, args.corpus)
+        from transformers import AutoModelForCausalLM
+
+        from specbench.models import use_linear_backend
+
+        draft = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype, attn_implementation="sdpa").eval()
+        use_linear_backend(draft, cfg.run.linear_backend)
+        draft_seconds = seconds_per_token(draft)
+        name = f"pruned-L{depth}"
+        summary = run_benchmark(compose([
+            f"model={args.model}", "drafter=draft_model", f"drafter.name={name}", f"drafter.model.path={directory}",
+            f"drafter.gamma={args.gamma}", f"run.max_new_tokens={args.max_new_tokens}",
+            f"task.limit_per_task={args.limit_per_task}", *args.overrides,
+        ]), str(Path(args.out) / f"L{depth}"))
+        steps = pd.read_parquet(Path(args.out) / f"L{depth}" / "steps.parquet")
+        steps = steps[steps.step > 0]
+        overall = summary["tasks"]["overall"]
+        rows.append({
+            "draft": name, "layers": depth, "parameters_M": sum(p.numel() for p in draft.parameters()) / 1e6,
+            "draft_ms_per_token": draft_seconds * 1000, "target_ms_per_token": target_seconds * 1000,
+            "acceptance": (steps.accepted_tokens - 1).sum() / max(1, steps.draft_tokens.sum()),
+            "MAT": overall["mean_accepted_tokens"], "speedup": overall["speedup"],
+            "identical": f"{overall['identical_to_baseline']}/{overall['questions']}",
+        })
+        print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""A separate, smaller causal LM drafts ``gamma`` tokens autoregressively (speculative sampling with a draft
+model, Leviathan et al. 2023; Chen et al. 2023; Spec-Bench's SpS).
+
+The draft keeps its own KV cache over the committed context and its drafted tokens; after each step the
+cache is rolled back to what the target accepted, so the draft never recomputes a token twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specbench.decoding.kv_cache import TreeKVCache
+from specbench.decoding.sampling import Sampling, target_distribution
+from specbench.drafters.base import Draft, Drafter, StepOutcome
+from specbench.errors import SpecbenchError
+
+log = logging.getLogger(__name__)
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def plain(value):
+    """Hydra hands nested config as DictConfig; drafters keep plain dicts and lists."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def pruned_draft_directory(target, spec: dict, cache_dir: str | None) -> Path:
+    from specbench.models import cache_root
+
+    settings = json.dumps({"source": target.source, **spec}, sort_keys=True, default=str)
+    return cache_root(cache_dir) / "drafts" / f"{target.name}-pruned-{hashlib.sha1(settings.encode()).hexdigest()[:10]}"
+
+
+class DraftModel(Drafter):
+    """Drafts with a small model of the target's vocabulary.
+
+    The draft is ``model`` (hub id or local path) or, when that is empty, the entry of ``drafts_by_family``
+    for the target's family: ``{hub_id|path: ...}``, ``{gguf: FILE}`` (``cache:REL`` = in the specbench
+    cache), or ``{pruned: {layers, selection, distill_tokens, corpus}}`` for a depth-pruned copy of the
+    target built by ``scripts/prune_draft.py`` (on first use if missing).
+    """
+
+    def __init__(self, name: str = "draft_model", model: dict | None = None, drafts_by_family: dict | None = None,
+                 gamma: int = 4, adaptive_gamma: bool = False, max_gamma: int = 16, cache_dir: str | None = None):
+        for key, value in (("gamma", gamma), ("max_gamma", max_gamma)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")
+        self.name = name
+        self.model_spec = plain(model) or {}
+        self.drafts_by_family = plain(drafts_by_family) or {}
+        self.initial_gamma = gamma
+        self.adaptive_gamma = adaptive_gamma
+        self.max_gamma = max_gamma
+        self.cache_dir = cache_dir
+        self.draft = None
+
+    # ---- loading ------------------------------------------------------------------------------------
+
+    def _spec_for(self, target) -> dict:
+        if any(self.model_spec.get(key) for key in ("hub_id", "path")):
+            return self.model_spec
+        spec = self.drafts_by_family.get(target.family)
+        if not spec:
+            known = ", ".join(sorted(self.drafts_by_family)) or "none"
+            raise SpecbenchError(
+                f"drafter={self.name} knows no draft model for {target.name} (family {target.family!r}; it knows "
+                f"{known}); pass drafter.model.hub_id=... or drafter.model.path=..."
+            )
+        return spec
+
+    def prepare(self, target, sampling: Sampling | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from specbench.models import load_gguf, load_pretrained, use_linear_backend
+
+        spec = self._spec_for(target)
+        dtype = DTYPE_NAMES.get(target.dtype, "float32")
+        if "pruned" in spec:
+            directory = Path(spec["path"]) if spec.get("path") else pruned_draft_directory(target, spec["pruned"], self.cache_dir)
+            if not (directory / "config.json").is_file():
+                from specbench.pruning import build_pruned_draft
+
+                settings = dict(spec["pruned"])
+                log.info("building the pruned draft for %s (once; cached in %s)", target.name, directory)
+                build_pruned_draft(target, directory, settings.pop("layers"), settings.pop("selection", "evenly"),
+                                   settings.pop("distill_tokens", 0), settings.pop("corpus", "python-docs"), **settings)
+            try:
+                draft = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype, attn_implementation="sdpa",
+                                                             local_files_only=True)
+            except (OSError, ValueError) as error:
+                raise SpecbenchError(f"draft checkpoint {directory} does not load ({error}); rebuild it with "
+                                     "scripts/prune_draft.py") from None
+            draft.to(target.device).eval()
+            use_linear_backend(draft, "auto")
+            draft_name = f"pruned {directory.name}"
+        else:
+            if spec.get("gguf"):
+                loaded = load_gguf(name=f"{target.family}-{self.name}-draft", gguf_path=spec["gguf"],
+                                   device=str(target.device), dtype=dtype, prompt_format="plain",
+                                   missing_hint=spec.get("missing_hint"))
+            else:
+                loaded = load_pretrained(name=f"{self.name} draft", hub_id=spec.get("hub_id"), path=spec.get("path"),
+                                         revision=spec.get("revision"), device=str(target.device), dtype=dtype,
+                                         prompt_format="plain")
+            if loaded.tokenizer_fingerprint != target.tokenizer_fingerprint:
+                raise SpecbenchError(
+                    f"draft model {loaded.source} does not share the tokenizer of target {target.name} "
+                    f"({target.source}): their vocabularies differ, so its tokens would mean other words"
+                )
+            draft, draft_name = loaded.model, loaded.source
+        draft_size = sum(p.numel() for p in draft.parameters())
+        target_size = sum(p.numel() for p in target.model.parameters())
+        if draft_size >= target_size:
+            log.warning("draft model %s (%d parameters) is not smaller than target %s (%d): it cannot speed decoding up",
+                        draft_name, draft_size, target.name, target_size)
+        self.draft = draft
+        self.draft_name = draft_name
+        self.num_layers = draft.config.get_text_config().num_hidden_layers
+        self.vocab_size = target.model.config.get_text_config().vocab_size
+        self.sampling = sampling or Sampling()
+        self.generator = torch.Generator(device=target.device)
+        self.generator.manual_seed(self.sampling.seed)
+        self.device = target.device
+
+    # ---- drafting -----------------------------------------------------------------------------------
+
+    def begin(self, prompt_ids: np.ndarray) -> None:
+        self.cache = TreeKVCache(self.num_layers, 2 * prompt_ids.size + 64)
+        self.processed = 0  # context tokens whose keys/values are in the draft's cache
+        self.gamma = self.initial_gamma
+        self._last_draft = None
+
+    def _next_logits(self, tokens: np.ndarray) -> torch.Tensor:
+        input_ids = torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device).unsqueeze(0)
+        logits = self.draft(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        # Align with the target's vocabulary (embedding tables are often padded to different sizes).
+        if logits.shape[0] < self.vocab_size:
+            logits = torch.nn.functional.pad(logits, (0, self.vocab_size - logits.shape[0]), value=float("-inf"))
+        return logits[: self.vocab_size].unsqueeze(0)
+
+    @torch.inference_mode()
+    def propose(self, context_ids: np.ndarray) -> Draft:
+        logits = self._next_logits(context_ids[self.processed :])
+        tokens, probs = [], []
+        for index in range(self.gamma):
+            if self.sampling.greedy:
+                token = int(logits[0].argmax())
+            else:
+                distribution = target_distribution(logits, self.sampling)[0]
+                token = int(torch.multinomial(distribution, 1, generator=self.generator))
+                probs.append(distribution)
+            tokens.append(token)
+            if index + 1 < self.gamma:
+                logits = self._next_logits(np.array([token]))
+        self.processed = context_ids.size + self.gamma - 1
+        self._proposed_at = context_ids.size
+        self._last_draft = Draft(torch.tensor(tokens, dtype=torch.long), probs=torch.stack(probs) if probs else None)
+        return self._last_draft
+
+    def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
+        if outcome.draft is not self._last_draft:
+            return
+        accepted = len(outcome.accepted_nodes)
+        # Keys/values of the accepted draft tokens are valid context; the rest are forgotten.
+        self.processed = self._proposed_at + min(accepted, self.gamma - 1)
+        self.cache.truncate(self.processed)
+        if self.adaptive_gamma:  # transformers' assisted-generation heuristic
+            self.gamma = min(self.max_gamma, self.gamma + 2) if accepted == self.gamma else max(1, self.gamma - 1)

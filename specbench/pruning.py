@@ -1,0 +1,171 @@
+"""Depth-pruned ("wide") draft models: keep a few of the target's layers at full width, optionally distilled
+against the target ("Decoding Speculative Decoding" finds such shallow, wide drafts beat deep, narrow ones,
+because a draft's latency is driven by its depth)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specbench.errors import SpecbenchError
+from specbench.models import OneDNNLinear
+
+log = logging.getLogger(__name__)
+SELECTIONS = ("first", "evenly", "last")
+
+
+def select_layers(num_layers: int, keep, selection: str = "evenly") -> list[int]:
+    """Indices of the layers to keep: ``keep`` of ``num_layers`` chosen by ``selection`` (first, evenly
+    spaced with the first and last included, last), or an explicit list of indices.
+
+    Example: select_layers(30, 4, "evenly") -> [0, 10, 19, 29].
+    """
+    if isinstance(keep, (list, tuple)):
+        layers = sorted({int(i) for i in keep})
+        if not layers or layers[0] < 0 or layers[-1] >= num_layers:
+            raise SpecbenchError(f"layers {list(keep)} are not all within 0..{num_layers - 1}")
+        return layers
+    if not isinstance(keep, int) or not 1 <= keep <= num_layers:
+        raise SpecbenchError(f"layers to keep must be between 1 and {num_layers}, got {keep!r}")
+    if selection not in SELECTIONS:
+        raise SpecbenchError(f"layer selection {selection!r} is not known; choose one of {', '.join(SELECTIONS)}")
+    if selection == "first":
+        return list(range(keep))
+    if selection == "last":
+        return list(range(num_layers - keep, num_layers))
+    return sorted({int(round(i)) for i in np.linspace(0, num_layers - 1, keep)})
+
+
+def dense_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as plain tensors, also for layers running on oneDNN (whose weight is packed)."""
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    for name, module in model.named_modules():
+        if isinstance(module, OneDNNLinear):
+            state[f"{name}.weight"] = module.packed_weight.to_dense()
+    return state
+
+
+def prune(model: torch.nn.Module, layers: list[int]) -> torch.nn.Module:
+    """A new model of the same architecture with only ``layers`` of ``model``'s decoder layers (renumbered
+    0..k-1), float32, with trainable standard linear layers."""
+    from transformers import AutoModelForCausalLM
+
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    text_config = config.get_text_config()
+    total = text_config.num_hidden_layers
+    text_config.num_hidden_layers = len(layers)
+    if getattr(text_config, "layer_types", None):
+        text_config.layer_types = [text_config.layer_types[i] for i in layers]
+    pruned = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    renumber = {old: new for new, old in enumerate(layers)}
+    state = {}
+    for name, tensor in dense_state_dict(model).items():
+        parts = name.split(".")
+        if "layers" in parts:
+            position = parts.index("layers") + 1
+            old = int(parts[position])
+            if old not in renumber:
+                continue
+            parts[position] = str(renumber[old])
+        state[".".join(parts)] = tensor.float()
+    missing, unexpected = pruned.load_state_dict(state, strict=False)
+    missing = [key for key in missing if not key.endswith("lm_head.weight") or not config.tie_word_embeddings]
+    if missing or unexpected:
+        raise SpecbenchError(f"pruning a {total}-layer model failed: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return pruned
+
+
+def token_blocks(token_documents, block_size: int, batch_size: int, seed: int):
+    """Endless batches [batch_size, block_size] of consecutive tokens cut from the concatenated documents,
+    in a shuffled order."""
+    tokens = np.concatenate([np.asarray(doc, dtype=np.int64) for doc in token_documents if len(doc)])
+    blocks = tokens[: tokens.size // block_size * block_size].reshape(-1, block_size)
+    if blocks.shape[0] < batch_size:
+        raise SpecbenchError(f"the distillation corpus has {tokens.size} tokens, too few for one batch")
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(blocks.shape[0])
+        for begin in range(0, order.size - batch_size + 1, batch_size):
+            yield torch.from_numpy(blocks[order[begin : begin + batch_size]])
+
+
+def distill(student, teacher, batches, tokens: int, lr: float, device) -> list[float]:
+    """Train ``student`` to match ``teacher``'s next-token distributions (KL(teacher || student), averaged
+    over positions) on about ``tokens`` tokens; return the KL of every step."""
+    student.train()
+    optimizer = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.0)
+    first = next(batches)
+    steps = max(1, math.ceil(tokens / first.numel()))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / steps)
+    losses = []
+    bar = tqdm(range(steps), desc="distilling", unit="step")
+    batch = first
+    for _ in bar:
+        batch = batch.to(device)
+        with torch.no_grad():
+            target_log_probs = torch.log_softmax(teacher(input_ids=batch).logits.float(), dim=-1)
+        student_log_probs = torch.log_softmax(student(input_ids=batch).logits.float(), dim=-1)
+        loss = torch.nn.functional.kl_div(student_log_probs, target_log_probs, log_target=True,
+                                          reduction="none").sum(-1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix_str(f"KL {np.mean(losses[-10:]):.3f}")
+        batch = next(batches)
+    student.eval()
+    return losses
+
+
+def build_pruned_draft(target, directory: Path, layers, selection: str, distill_tokens: int, corpus: str,
+                       block_size: int = 256, batch_size: int = 8, lr: float = 3e-4, seed: int = 0) -> dict:
+    """Prune ``target`` (a LoadedModel) to ``layers`` (a count with ``selection``, or indices), distil it on
+    ``distill_tokens`` tokens of ``corpus`` when that is positive, and save a checkpoint with the target's
+    tokenizer and a manifest to ``directory``; return the manifest."""
+    from specbench.datastores.corpus import iter_documents, resolve_corpus
+    from specbench.models import cache_root
+
+    started = time.perf_counter()
+    total = target.model.config.get_text_config().num_hidden_layers
+    kept = select_layers(total, layers, selection)
+    torch.manual_seed(seed)
+    draft = prune(target.model, kept).to(target.device)
+    losses = []
+    if distill_tokens > 0:
+        texts = iter_documents(resolve_corpus(corpus, cache_root(None)))
+        documents = [target.tokenizer.encode(text, add_special_tokens=False) for text in tqdm(texts, desc="tokenizing", unit="doc")]
+        losses = distill(draft, target.model, token_blocks(documents, block_size, batch_size, seed), distill_tokens,
+                         lr, target.device)
+    manifest = {
+        "target": {"name": target.name, "source": target.source, "layers": total},
+        "kept_layers": kept,
+        "selection": selection if not isinstance(layers, (list, tuple)) else "explicit",
+        "distill": {"tokens": distill_tokens, "corpus": corpus if distill_tokens > 0 else None,
+                    "block_size": block_size, "batch_size": batch_size, "lr": lr, "seed": seed,
+                    "kl_first": losses[0] if losses else None,
+                    "kl_last10": float(np.mean(losses[-10:])) if losses else None},
+        "parameters": sum(p.numel() for p in draft.parameters()),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    draft.save_pretrained(staging)
+    if hasattr(target.tokenizer, "save_pretrained"):  # the draft shares the target's tokenizer by construction
+        target.tokenizer.save_pretrained(staging)
+    (staging / "specbench_draft.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if directory.exists():
+        shutil.rmtree(directory)
+    staging.replace(directory)
+    log.info("pruned draft (%d of %d layers) saved to %s in %.0f s", len(kept), total, directory, manifest["seconds"])
+    return manifest

@@ -1,0 +1,79 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specbench.decoding.loop import Decoder
+from specbench.drafters.draft_model import DraftModel
+from specbench.errors import SpecbenchError
+from specbench.pruning import build_pruned_draft, distill, prune, select_layers, token_blocks
+
+from conftest import greedy_reference
+
+
+def test_layer_selection():
+    assert select_layers(30, 4, "evenly") == [0, 10, 19, 29]
+    assert select_layers(30, 3, "first") == [0, 1, 2]
+    assert select_layers(30, 2, "last") == [28, 29]
+    assert select_layers(30, [29, 3, 3]) == [3, 29]
+    assert select_layers(5, 5, "evenly") == [0, 1, 2, 3, 4]
+    with pytest.raises(SpecbenchError, match="between 1 and 30"):
+        select_layers(30, 0)
+    with pytest.raises(SpecbenchError, match="within 0..29"):
+        select_layers(30, [30])
+    with pytest.raises(SpecbenchError, match="selection"):
+        select_layers(30, 2, "random")
+
+
+def test_keeping_every_layer_reproduces_the_model(tiny):
+    copy = prune(tiny.model, [0, 1])
+    ids = torch.tensor([tiny.encode_conversation(["hello"], [])])
+    with torch.no_grad():
+        torch.testing.assert_close(copy(input_ids=ids).logits, tiny.model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_pruned_checkpoint_round_trip(tiny, tmp_path):
+    manifest = build_pruned_draft(tiny, tmp_path / "draft", 1, "last", 0, "python-docs")
+    assert manifest["kept_layers"] == [1] and manifest["distill"]["tokens"] == 0
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "draft")
+    assert loaded.config.num_hidden_layers == 1
+    reference = prune(tiny.model, [1])
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, reference(input_ids=ids).logits)
+    assert json.loads((tmp_path / "draft" / "specbench_draft.json").read_text())["target"]["layers"] == 2
+
+
+def test_distillation_brings_the_draft_closer_to_the_target(tiny):
+    draft = prune(tiny.model, [0])
+    rng = np.random.default_rng(0)
+    documents = [rng.integers(0, 256, 400).tolist() for _ in range(8)]
+    losses = distill(draft, tiny.model, token_blocks(documents, 32, 4, 0), tokens=32 * 4 * 30, lr=3e-3, device="cpu")
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+
+
+def test_an_identical_draft_model_has_every_token_accepted(tiny, prompt_ids):
+    drafter = DraftModel(drafts_by_family={"tiny-random": {"pruned": {"layers": 2, "selection": "first",
+                                                                      "distill_tokens": 0}}}, gamma=4)
+    drafter.prepare(tiny)
+    decoder = Decoder(tiny.model, frozenset(), 64)
+    for ids in prompt_ids:
+        generation = decoder.generate(ids, drafter, 31)
+        assert generation.token_ids == greedy_reference(tiny.model, ids, 31)
+        assert [s.accepted_tokens for s in generation.steps[1:]] == [5] * 6
+
+
+def test_a_draft_checkpoint_that_does_not_load_is_a_clear_error(tiny, tmp_path):
+    (tmp_path / "config.json").write_text("{ not json")
+    drafter = DraftModel(drafts_by_family={"tiny-random": {"path": str(tmp_path), "pruned": {"layers": 1}}})
+    with pytest.raises(SpecbenchError, match="does not load"):
+        drafter.prepare(tiny)
+
+
+def test_unknown_family_and_bad_gamma(tiny):
+    with pytest.raises(SpecbenchError, match="knows no draft model for tiny-random"):
+        DraftModel(drafts_by_family={"vicuna": {"hub_id": "x/y"}}).prepare(tiny)
+    with pytest.raises(SpecbenchError, match="drafter.gamma"):
+        DraftModel(gamma=0)
