@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path

@@ -26,7 +26,7 @@ from specbench.drafters.ar import NoDraft
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
 from specbench.models import LoadedModel
-from specbench.records import Answer, RunDirectory, format_summary_table
+from specbench.records import Answer, RunDirectory
 
 log = logging.getLogger(__name__)
 

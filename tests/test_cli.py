@@ -115,6 +115,9 @@ def test_malformed_question_line(tmp_path):
     ("run.max_new_tokens=0", "run.max_new_tokens must be a positive integer, got 0"),
     ("drafter.num_draft_tokens=0", "drafter.num_draft_tokens must be a positive integer"),
     ("run.device=tpu", "run.device='tpu' is not a device"),
+    ("run.temperature=-0.5", "run.temperature must be 0 (greedy) or positive, got -0.5"),
+    ("run.top_p=0", "run.top_p must be in (0, 1], got 0"),
+    ("run.top_p=1.5", "run.top_p must be in (0, 1], got 1.5"),
 ])
 def test_bad_settings(tmp_path, override, message):
     assert message in one_line_error(specbench(*TINY, override, f"hydra.run.dir={tmp_path}"))

@@ -60,3 +60,16 @@ def test_every_config_knob_is_documented():
             node = OmegaConf.to_container(compose([f"{group}={option}"])[group], resolve=False)
             missing.update(undocumented_keys(node, group, text))
     assert not missing, f"undocumented in docs/configuration.md: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("experiment", group_options("experiment"))
+def test_every_experiment_composes_a_resumable_sweep(experiment):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from specbench.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    assert experiment in cfg.hydra.sweep.dir and "${now" not in str(cfg.hydra.sweep.dir)
+    assert cfg.hydra.sweeper.params

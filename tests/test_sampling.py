@@ -6,9 +6,7 @@ total-variation bounds that sampling noise stays well inside, and that a deliber
 rule exceeds.
 """
 
-import itertools
 
-import numpy as np
 import pytest
 import torch
 from hydra.utils import instantiate

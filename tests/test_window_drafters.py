@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-import torch
 
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.decoding.loop import Decoder

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specbench.errors import SpecbenchError
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -105,3 +107,10 @@ class Drafter(ABC):
 
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
         """The tokens appended to the context this step (accepted draft tokens + bonus token)."""
+
+
+def require_positive(**settings) -> None:
+    """Reject a drafter setting that is not a positive integer, naming it: ``drafter.gamma must be ...``."""
+    for key, value in settings.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")

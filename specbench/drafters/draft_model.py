@@ -17,7 +17,7 @@ import torch
 
 from specbench.decoding.kv_cache import TreeKVCache
 from specbench.decoding.sampling import Sampling, target_distribution
-from specbench.drafters.base import Draft, Drafter, StepOutcome
+from specbench.drafters.base import Draft, Drafter, StepOutcome, require_positive
 from specbench.errors import SpecbenchError
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,7 @@ class DraftModel(Drafter):
 
     def __init__(self, name: str = "draft_model", model: dict | None = None, drafts_by_family: dict | None = None,
                  gamma: int = 4, adaptive_gamma: bool = False, max_gamma: int = 16, cache_dir: str | None = None):
-        for key, value in (("gamma", gamma), ("max_gamma", max_gamma)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")
+        require_positive(gamma=gamma, max_gamma=max_gamma)
         self.name = name
         self.model_spec = plain(model) or {}
         self.drafts_by_family = plain(drafts_by_family) or {}

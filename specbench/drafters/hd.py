@@ -18,8 +18,8 @@ import torch
 
 from specbench.datastores.ngram_pool import NGramPool
 from specbench.decoding.tree import trie_from_sequences
-from specbench.drafters.base import Draft, Drafter, StepOutcome
-from specbench.drafters.lookahead import JacobiWindow, check_positive, remember_ngrams, with_window
+from specbench.drafters.base import Draft, Drafter, StepOutcome, require_positive
+from specbench.drafters.lookahead import JacobiWindow, remember_ngrams, with_window
 from specbench.errors import SpecbenchError
 
 DATABASES = ("context", "model", "statistics")
@@ -51,7 +51,7 @@ class HierarchyDrafting(Drafter):
             raise SpecbenchError(
                 f"drafter.order={list(order)} must list distinct databases among {', '.join(DATABASES)}"
             )
-        check_positive(key_tokens=key_tokens, draft_length=draft_length, num_candidates=num_candidates,
+        require_positive(key_tokens=key_tokens, draft_length=draft_length, num_candidates=num_candidates,
                        per_key_capacity=per_key_capacity, statistics_max_matches=statistics_max_matches,
                        window_size=window_size)
         self.name = name

@@ -9,7 +9,7 @@ import torch
 
 from specbench.datastores.ngram_pool import NGramPool
 from specbench.decoding.tree import trie_from_sequences
-from specbench.drafters.base import Draft, Drafter, StepOutcome
+from specbench.drafters.base import Draft, Drafter, StepOutcome, require_positive
 from specbench.errors import SpecbenchError
 
 
@@ -60,18 +60,12 @@ class JacobiWindow:
         return ngrams
 
 
-def check_positive(**values) -> None:
-    for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")
-
-
 class Lookahead(Drafter):
     """Lookahead decoding with Spec-Bench's defaults: n-grams of N=5, window W=7, G=7 guesses."""
 
     def __init__(self, name: str = "lookahead", ngram_size: int = 5, window_size: int = 7, guess_set_size: int = 7,
                  pool_from_prompt: bool = False, seed: int = 0):
-        check_positive(window_size=window_size, guess_set_size=guess_set_size)
+        require_positive(window_size=window_size, guess_set_size=guess_set_size)
         if not isinstance(ngram_size, int) or ngram_size < 2:
             raise SpecbenchError(f"drafter.ngram_size must be an integer >= 2, got {ngram_size!r}")
         self.name = name

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specbench.drafters.base import Draft, Drafter
+from specbench.drafters.base import Draft, Drafter, require_positive
 from specbench.errors import SpecbenchError
 
 MATCH_PREFERENCES = ("earliest", "latest")
@@ -61,10 +61,8 @@ class PromptLookup(Drafter):
         num_draft_tokens: int = 10,
         prefer: str = "earliest",
     ):
-        for key, value in (("max_ngram_size", max_ngram_size), ("min_ngram_size", min_ngram_size),
-                           ("num_draft_tokens", num_draft_tokens)):
-            if not isinstance(value, int) or value < 1:
-                raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")
+        require_positive(max_ngram_size=max_ngram_size, min_ngram_size=min_ngram_size,
+                         num_draft_tokens=num_draft_tokens)
         if min_ngram_size > max_ngram_size:
             raise SpecbenchError(
                 f"drafter.min_ngram_size ({min_ngram_size}) must not exceed drafter.max_ngram_size ({max_ngram_size})"

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from specbench.datastores.suffix_array import SEPARATOR, prefix_group_starts
-from specbench.drafters.base import Draft, Drafter
+from specbench.drafters.base import Draft, Drafter, require_positive
 from specbench.errors import SpecbenchError
 
 
@@ -68,11 +68,8 @@ class RetrievalDrafter(Drafter):
         num_draft: int = 64,
         cache_dir: str | None = None,
     ):
-        for key, value in (("max_suffix_length", max_suffix_length), ("min_suffix_length", min_suffix_length),
-                           ("continuation_length", continuation_length), ("max_matches", max_matches),
-                           ("num_draft", num_draft)):
-            if not isinstance(value, int) or value < 1:
-                raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")
+        require_positive(max_suffix_length=max_suffix_length, min_suffix_length=min_suffix_length,
+                         continuation_length=continuation_length, max_matches=max_matches, num_draft=num_draft)
         if min_suffix_length > max_suffix_length:
             raise SpecbenchError(f"drafter.min_suffix_length ({min_suffix_length}) exceeds max_suffix_length ({max_suffix_length})")
         self.name = name
