@@ -15,13 +15,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from analysis.tables import run_task_stats  # noqa: E402
-from analysis.throughput import model_table  # noqa: E402
-from specbench.data import TASKS  # noqa: E402
+from analysis.tables import run_task_stats
+from analysis.throughput import model_table
+from specbench.data import TASKS
 
 DATABASES = ("context", "model", "statistics")
 

@@ -47,9 +47,10 @@ def model_table(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def requirements(table: pd.DataFrame) -> pd.DataFrame:
-    """For every run that is not the fastest of its model: the draft latency per step, or the accepted
-    tokens per step, that would make its predicted throughput equal the best measured one (all else equal).
-    A draft latency below zero means no draft speed can close the gap: acceptance must rise."""
+    """For every run: the draft latency per step, or the accepted tokens per step, that would make its
+    predicted throughput equal the best measured one of its model (all else equal). For the fastest run
+    itself these differ from its own values only by the model's error. A draft latency below zero means no
+    draft speed can close the gap: acceptance must rise."""
     rows = []
     for model, group in table.groupby("model"):
         best = group.loc[group.measured_tps.idxmax()]

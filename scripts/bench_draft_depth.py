@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--depths", nargs="+", type=int, default=[2, 4, 6, 8])
     parser.add_argument("--distill-tokens", type=int, default=100000)
-    parser.add_argument("--corpus", default="python-docs")
+    parser.add_argument("--corpus", default="python-docs", help="distillation corpus, as for prune_draft.py")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--limit-per-task", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -71,6 +71,7 @@ def main() -> None:
         from specbench.models import use_linear_backend
 
         draft = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype, attn_implementation="sdpa").eval()
+        parameters = sum(p.numel() for p in draft.parameters())  # before oneDNN packs the linear weights away
         use_linear_backend(draft, cfg.run.linear_backend)
         draft_seconds = seconds_per_token(draft)
         name = f"pruned-L{depth}"
@@ -83,7 +84,7 @@ def main() -> None:
         steps = steps[steps.step > 0]
         overall = summary["tasks"]["overall"]
         rows.append({
-            "draft": name, "layers": depth, "parameters_M": sum(p.numel() for p in draft.parameters()) / 1e6,
+            "draft": name, "layers": depth, "parameters_M": parameters / 1e6,
             "draft_ms_per_token": draft_seconds * 1000, "target_ms_per_token": target_seconds * 1000,
             "acceptance": (steps.accepted_tokens - 1).sum() / max(1, steps.draft_tokens.sum()),
             "MAT": overall["mean_accepted_tokens"], "speedup": overall["speedup"],

@@ -32,7 +32,8 @@ def main() -> None:
     parser.add_argument("--layers", default="6", help="how many layers to keep, or their indices (0,10,20,29)")
     parser.add_argument("--selection", choices=SELECTIONS, default="evenly", help="which layers, for a count")
     parser.add_argument("--distill-tokens", type=int, default=100000, help="distillation budget in tokens (0 = none)")
-    parser.add_argument("--corpus", default="python-docs", help="distillation corpus (as for build_datastore.py)")
+    parser.add_argument("--corpus", default="python-docs", help="distillation corpus: target-answers (the target's own chat answers to the built-in prompt set) "
+                        "or a text corpus as for build_datastore.py (python-docs, files, hf:ID)")
     parser.add_argument("--block-size", type=int, default=256, help="tokens per training sequence")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     parser.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (linear decay)")

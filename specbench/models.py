@@ -18,7 +18,12 @@ from pathlib import Path
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.prompts import ByteTokenizer, CharTokenizer, PromptFormat, make_prompt_format
+from specbench.prompts import (
+    ByteTokenizer,
+    CharTokenizer,
+    PromptFormat,
+    make_prompt_format,
+)
 
 log = logging.getLogger(__name__)
 

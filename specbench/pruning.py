@@ -21,6 +21,11 @@ from specbench.models import OneDNNLinear
 
 log = logging.getLogger(__name__)
 SELECTIONS = ("first", "evenly", "last")
+# Distillation corpus made of the target's own chat conversations: its greedy answers (with the chat template)
+# to the built-in prompt set that HD's model database uses, disjoint from the evaluation questions. It matches
+# what the draft must predict at run time far better than general text does.
+TARGET_ANSWERS = "target-answers"
+LOGIT_FLOATS_PER_SLICE = 2**25  # 128 MB of fp32 logits per distillation forward pass
 
 
 def select_layers(num_layers: int, keep, selection: str = "evenly") -> list[int]:
@@ -109,19 +114,28 @@ def distill(student, teacher, batches, tokens: int, lr: float, device) -> list[f
     losses = []
     bar = tqdm(range(steps), desc="distilling", unit="step")
     batch = first
+    # Logits are [rows, block, vocab] floats several times over (teacher, student, gradients): with a large
+    # vocabulary a whole batch does not fit in memory, so the batch runs in slices of rows whose gradients add
+    # up to those of the whole batch.
+    vocab = teacher.config.get_text_config().vocab_size
+    rows_per_slice = max(1, LOGIT_FLOATS_PER_SLICE // (first.shape[1] * vocab))
     for _ in bar:
         batch = batch.to(device)
-        with torch.no_grad():
-            target_log_probs = torch.log_softmax(teacher(input_ids=batch).logits.float(), dim=-1)
-        student_log_probs = torch.log_softmax(student(input_ids=batch).logits.float(), dim=-1)
-        loss = torch.nn.functional.kl_div(student_log_probs, target_log_probs, log_target=True,
-                                          reduction="none").sum(-1).mean()
         optimizer.zero_grad()
-        loss.backward()
+        loss_value = 0.0
+        for rows in batch.split(rows_per_slice):
+            with torch.no_grad():
+                target_log_probs = torch.log_softmax(teacher(input_ids=rows).logits.float(), dim=-1)
+            student_log_probs = torch.log_softmax(student(input_ids=rows).logits.float(), dim=-1)
+            loss = torch.nn.functional.kl_div(student_log_probs, target_log_probs, log_target=True,
+                                              reduction="none").sum(-1).mean() * (rows.shape[0] / batch.shape[0])
+            loss.backward()
+            loss_value += float(loss.detach())
+            del target_log_probs, student_log_probs, loss
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(float(loss.detach()))
+        losses.append(loss_value)
         bar.set_postfix_str(f"KL {np.mean(losses[-10:]):.3f}")
         batch = next(batches)
     student.eval()
@@ -133,6 +147,7 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
     """Prune ``target`` (a LoadedModel) to ``layers`` (a count with ``selection``, or indices), distil it on
     ``distill_tokens`` tokens of ``corpus`` when that is positive, and save a checkpoint with the target's
     tokenizer and a manifest to ``directory``; return the manifest."""
+    from specbench.datastores.build import target_answers
     from specbench.datastores.corpus import iter_documents, resolve_corpus
     from specbench.models import cache_root
 
@@ -143,8 +158,12 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
     draft = prune(target.model, kept).to(target.device)
     losses = []
     if distill_tokens > 0:
-        texts = iter_documents(resolve_corpus(corpus, cache_root(None)))
-        documents = [target.tokenizer.encode(text, add_special_tokens=False) for text in tqdm(texts, desc="tokenizing", unit="doc")]
+        if corpus == TARGET_ANSWERS:
+            documents = [prompt + answer for prompt, answer in target_answers(target)]
+        else:
+            texts = iter_documents(resolve_corpus(corpus, cache_root(None)))
+            documents = [target.tokenizer.encode(text, add_special_tokens=False)
+                         for text in tqdm(texts, desc="tokenizing", unit="doc")]
         losses = distill(draft, target.model, token_blocks(documents, block_size, batch_size, seed), distill_tokens,
                          lr, target.device)
     manifest = {

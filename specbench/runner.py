@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import zlib
 import platform
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch

@@ -15,7 +15,6 @@ from hydra.utils import instantiate
 
 from specbench.config import compose
 from specbench.drafters.base import Draft, Drafter
-
 from specbench.models import cache_root
 
 

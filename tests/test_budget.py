@@ -1,11 +1,15 @@
 import numpy as np
 import pytest
+from conftest import ScriptedDrafter, greedy_reference
 
-from specbench.decoding.budget import DraftBudget, VerifyCost, calibration_sizes, node_kinds
+from specbench.decoding.budget import (
+    DraftBudget,
+    VerifyCost,
+    calibration_sizes,
+    node_kinds,
+)
 from specbench.decoding.loop import Decoder
 from specbench.decoding.tree import chain_parents
-
-from conftest import ScriptedDrafter, greedy_reference
 
 
 def test_verify_cost_interpolates_extrapolates_and_learns():

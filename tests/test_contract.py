@@ -7,13 +7,12 @@ always wrong) pin the acceptance counts, not only the text.
 import numpy as np
 import pytest
 import torch
+from conftest import ScriptedDrafter, greedy_reference
 from hydra.utils import instantiate
 
 from specbench.config import compose, group_options
 from specbench.decoding.loop import Decoder, VerifyShapes
 from specbench.drafters.base import Draft, Drafter
-
-from conftest import ScriptedDrafter, greedy_reference
 
 DRAFTERS = group_options("drafter")
 

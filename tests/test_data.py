@@ -2,7 +2,14 @@ import json
 
 import pytest
 
-from specbench.data import MT_BENCH_CATEGORIES, TASKS, parse_questions, read_questions, select_questions, task_of
+from specbench.data import (
+    MT_BENCH_CATEGORIES,
+    TASKS,
+    parse_questions,
+    read_questions,
+    select_questions,
+    task_of,
+)
 from specbench.errors import SpecbenchError
 
 

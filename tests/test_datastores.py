@@ -2,7 +2,11 @@
 import numpy as np
 import pytest
 
-from specbench.datastores.model_db import count_document_ngrams, load_model_db, save_model_db
+from specbench.datastores.model_db import (
+    count_document_ngrams,
+    load_model_db,
+    save_model_db,
+)
 from specbench.datastores.ngram_pool import NGramPool, RankedNGrams
 from specbench.datastores.suffix_array import SEPARATOR, TokenDatastore
 from specbench.drafters.rest import frequent_prefix_trie

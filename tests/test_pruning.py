@@ -3,14 +3,19 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import greedy_reference
 from transformers import AutoModelForCausalLM
 
 from specbench.decoding.loop import Decoder
 from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
-from specbench.pruning import build_pruned_draft, distill, prune, select_layers, token_blocks
-
-from conftest import greedy_reference
+from specbench.pruning import (
+    build_pruned_draft,
+    distill,
+    prune,
+    select_layers,
+    token_blocks,
+)
 
 
 def test_layer_selection():
@@ -79,3 +84,80 @@ def test_unknown_family_and_bad_gamma(tiny):
         DraftModel(drafts_by_family={"vicuna": {"hub_id": "x/y"}}).prepare(tiny)
     with pytest.raises(SpecbenchError, match="drafter.gamma"):
         DraftModel(gamma=0)
+
+
+def test_a_rejected_draft_is_rolled_back_exactly(tiny, prompt_ids):
+    """After every step, also after rejections, the draft's cached context must be exactly what the target
+    accepted: each proposal equals the draft model's own greedy continuation computed from scratch."""
+    drafter = DraftModel(drafts_by_family={"tiny-random": {"pruned": {"layers": 1, "selection": "first",
+                                                                      "distill_tokens": 0}}}, gamma=4)
+    drafter.prepare(tiny)
+    proposals = []
+    propose = drafter.propose
+
+    def recording_propose(context_ids):
+        draft = propose(context_ids)
+        proposals.append((context_ids.tolist(), draft.token_ids.tolist()))
+        return draft
+
+    drafter.propose = recording_propose
+    decoder = Decoder(tiny.model, frozenset(), 64)
+    generation = decoder.generate(prompt_ids[0], drafter, 40)
+    assert generation.token_ids == greedy_reference(tiny.model, prompt_ids[0], 40)
+    accepted = [step.accepted_tokens for step in generation.steps[1:]]
+    assert min(accepted) < 5  # rejections happened, so rollbacks too
+    assert any(1 < count < 5 for count in accepted)  # a partial accept keeps some drafted entries
+    for context, tokens in proposals:
+        assert tokens == greedy_reference(drafter.draft, context, len(tokens))
+
+
+def test_target_answers_are_generated_once_and_cached(tiny, tmp_path, monkeypatch):
+    from specbench.datastores import build
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Name three colours."}\n{"prompt": "Count to five."}\n')
+    pairs = build.target_answers(tiny, str(prompts), max_new_tokens=12, batch_size=2, cache_dir=str(tmp_path))
+    assert len(pairs) == 2
+    for (prompt_ids, answer_ids), text in zip(pairs, ["Name three colours.", "Count to five."]):
+        assert prompt_ids == tiny.encode_conversation([text], [])
+        assert answer_ids == greedy_reference(tiny.model, prompt_ids, 12, tiny.eos_token_ids)[: len(answer_ids)]
+        assert 0 < len(answer_ids) <= 12
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("answers were generated again instead of read from the cache")
+
+    monkeypatch.setattr(build, "generate_answers", no_generation)
+    assert build.target_answers(tiny, str(prompts), max_new_tokens=12, cache_dir=str(tmp_path)) == pairs
+
+
+def test_distilling_on_the_target_answers(tiny, tmp_path, monkeypatch):
+    from specbench.datastores import build
+    from specbench.pruning import TARGET_ANSWERS
+
+    rng = np.random.default_rng(1)
+    conversations = [(rng.integers(0, 256, 40).tolist(), rng.integers(0, 256, 60).tolist()) for _ in range(6)]
+    monkeypatch.setattr(build, "target_answers", lambda target: conversations)
+    manifest = build_pruned_draft(tiny, tmp_path / "draft", 1, "first", 32 * 8 * 3, TARGET_ANSWERS, block_size=32)
+    assert manifest["distill"]["corpus"] == TARGET_ANSWERS and manifest["distill"]["kl_first"] is not None
+
+
+def test_distilling_in_row_slices_equals_whole_batches(tiny, monkeypatch):
+    """Large vocabularies make the batch run in slices of rows; the training must not change."""
+    from specbench import pruning
+
+    rng = np.random.default_rng(2)
+    documents = [rng.integers(0, 256, 300).tolist() for _ in range(4)]
+
+    def train():
+        torch.manual_seed(0)
+        student = prune(tiny.model, [0])
+        losses = distill(student, tiny.model, token_blocks(documents, 16, 4, 0), tokens=16 * 4 * 3, lr=3e-3,
+                         device="cpu")
+        return losses, student.state_dict()
+
+    whole_losses, whole_state = train()
+    monkeypatch.setattr(pruning, "LOGIT_FLOATS_PER_SLICE", 1)  # one row per slice
+    sliced_losses, sliced_state = train()
+    assert sliced_losses == pytest.approx(whole_losses, rel=1e-4)
+    for name, tensor in whole_state.items():
+        torch.testing.assert_close(sliced_state[name], tensor, rtol=1e-4, atol=1e-5)

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from conftest import greedy_reference
 
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.decoding.loop import Decoder
@@ -9,8 +10,6 @@ from specbench.drafters.hd import HierarchyDrafting
 from specbench.drafters.lookahead import JacobiWindow, Lookahead
 from specbench.drafters.rest import RetrievalDrafter
 from specbench.errors import SpecbenchError
-
-from conftest import greedy_reference
 
 
 def test_window_is_a_tree_with_columns_on_a_chain():

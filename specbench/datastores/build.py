@@ -15,7 +15,11 @@ from tqdm import tqdm
 
 import specbench
 from specbench.datastores.corpus import DEFAULT_CORPUS, iter_documents, resolve_corpus
-from specbench.datastores.model_db import count_document_ngrams, load_model_db, save_model_db
+from specbench.datastores.model_db import (
+    count_document_ngrams,
+    load_model_db,
+    save_model_db,
+)
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.errors import SpecbenchError
 from specbench.models import cache_root
@@ -117,10 +121,33 @@ def generate_answers(target, prompts: list[str], max_new_tokens: int, batch_size
     return answers
 
 
-def build_model_db(target, directory: Path, prompts_file: str | None, key_tokens: int, continuation_length: int,
-                   max_new_tokens: int, batch_size: int, max_ngrams: int) -> None:
+def target_answers(target, prompts_file: str | None = None, max_new_tokens: int = 256, batch_size: int = 8,
+                   cache_dir: str | None = None) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of the target's greedy answers to a prompt set (default: the built-in set,
+    disjoint from the evaluation questions). Generated once per model, prompt file and length, and cached:
+    HD's model database and the distillation of pruned drafts read the same answers."""
     prompts_path = Path(prompts_file) if prompts_file else MODEL_DB_PROMPTS
-    answers = generate_answers(target, read_prompts(prompts_path), max_new_tokens, batch_size)
+    prompts = read_prompts(prompts_path)
+    settings = json.dumps({"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens},
+                          sort_keys=True)
+    file = cache_root(cache_dir) / "answers" / f"{target.name}-{hashlib.sha1(settings.encode()).hexdigest()[:10]}.jsonl"
+    if file.is_file():
+        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        if len(rows) == len(prompts):
+            return [(row["prompt_ids"], row["answer_ids"]) for row in rows]
+    answers = generate_answers(target, prompts, max_new_tokens, batch_size)
+    pairs = [(target.encode_conversation([prompt], []), answer) for prompt, answer in zip(prompts, answers)]
+    file.parent.mkdir(parents=True, exist_ok=True)
+    staging = file.with_suffix(".partial")
+    staging.write_text("".join(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n" for p, a in pairs))
+    staging.replace(file)
+    return pairs
+
+
+def build_model_db(target, directory: Path, prompts_file: str | None, key_tokens: int, continuation_length: int,
+                   max_new_tokens: int, batch_size: int, max_ngrams: int, cache_dir: str | None = None) -> None:
+    prompts_path = Path(prompts_file) if prompts_file else MODEL_DB_PROMPTS
+    answers = [answer for _, answer in target_answers(target, prompts_file, max_new_tokens, batch_size, cache_dir)]
     tables = count_document_ngrams(answers, key_tokens, continuation_length, max_ngrams)
     save_model_db(directory, tables, {
         "model": {"name": target.name, "source": target.source},
@@ -143,6 +170,6 @@ def model_db(target, path: str, key_tokens: int, continuation_length: int, capac
         if not (directory / "manifest.json").is_file():
             log.info("building the model database for %s (once; cached in %s)", target.name, directory)
             build_model_db(target, directory, build.get("prompts"), key_tokens, build["continuation_length"],
-                           build["max_new_tokens"], build["batch_size"], build["max_ngrams"])
+                           build["max_new_tokens"], build["batch_size"], build["max_ngrams"], cache_dir)
         path = str(directory)
     return load_model_db(path, target.tokenizer_fingerprint, key_tokens, continuation_length, capacity)

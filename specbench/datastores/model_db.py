@@ -60,7 +60,7 @@ def save_model_db(directory: str | Path, tables: dict, manifest: dict) -> None:
         arrays[f"counts_{key_length}"] = counts
     np.savez(staging / "ngrams.npz", **arrays)
     manifest = {**manifest, "format_version": FORMAT_VERSION,
-                "ngrams": {str(k): int(len(c)) for k, (_, c) in tables.items()}}
+                "ngrams": {str(k): len(c) for k, (_, c) in tables.items()}}
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if directory.exists():
         shutil.rmtree(directory)

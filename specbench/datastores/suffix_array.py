@@ -51,7 +51,7 @@ class TokenDatastore:
     # ---- building and storage -------------------------------------------------------------------------
 
     @staticmethod
-    def build(documents, manifest: dict) -> "TokenDatastore":
+    def build(documents, manifest: dict) -> TokenDatastore:
         """A datastore from an iterable of token-id sequences (one per document)."""
         from pydivsufsort import divsufsort
 
@@ -83,7 +83,7 @@ class TokenDatastore:
         staging.replace(directory)
 
     @staticmethod
-    def load(directory: str | Path, tokenizer_fingerprint: str | None = None) -> "TokenDatastore":
+    def load(directory: str | Path, tokenizer_fingerprint: str | None = None) -> TokenDatastore:
         """Load a datastore, checking that it is whole and was built with the expected tokenizer."""
         directory = Path(directory)
         manifest_file = directory / "manifest.json"

@@ -10,7 +10,12 @@ import torch
 
 from specbench.decoding.budget import DraftBudget, node_kinds
 from specbench.decoding.kv_cache import TreeKVCache
-from specbench.decoding.sampling import Sampling, draw, sampled_accepted_path, target_distribution
+from specbench.decoding.sampling import (
+    Sampling,
+    draw,
+    sampled_accepted_path,
+    target_distribution,
+)
 from specbench.decoding.tree import (
     ancestor_matrix,
     chain_parents,
@@ -94,7 +99,7 @@ class VerifyShapes:
         return np.where(sizes < self._table.size, self._table[np.minimum(sizes, self._table.size - 1)], sizes)
 
     @staticmethod
-    def from_latencies(latencies: dict[int, float], min_gain: float) -> "VerifyShapes":
+    def from_latencies(latencies: dict[int, float], min_gain: float) -> VerifyShapes:
         """Pad q to the shape q' >= q with the lowest measured latency, when it beats q's by ``min_gain``
         (a fraction) or more; small differences are noise and are left alone."""
         largest = max(latencies)

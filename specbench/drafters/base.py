@@ -59,11 +59,11 @@ class Draft:
         return int(self.token_ids.shape[0])
 
     @staticmethod
-    def empty() -> "Draft":
+    def empty() -> Draft:
         return Draft(token_ids=torch.empty(0, dtype=torch.long))
 
     @staticmethod
-    def chain(token_ids) -> "Draft":
+    def chain(token_ids) -> Draft:
         """A chain draft from any 1-D integer sequence (numpy array, list or tensor)."""
         if isinstance(token_ids, np.ndarray):
             return Draft(token_ids=torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)))
