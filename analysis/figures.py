@@ -125,18 +125,22 @@ def _draft_manifests(run_dirs) -> pd.DataFrame:
 
 def draft_depth(steps, out):
     drafts = _draft_manifests(steps.run_dir.unique())
-    decode = steps[steps.step > 0]
-    per_run = decode.groupby("run_dir").agg(draft_s=("draft_s", "sum"), drafted=("draft_tokens", "sum"),
-                                            accepted=("accepted_tokens", "mean")).reset_index()
-    table = drafts.merge(per_run, on="run_dir")
-    table["ms_per_token"] = 1000 * table.draft_s / table.drafted.clip(lower=1)
+    # The median over drafting steps: a step after steps the draft budget skipped also catches the draft up on
+    # the tokens it missed, which says nothing about the draft's speed per token.
+    drafting = steps[(steps.step > 0) & (steps.draft_tokens > 0)]
+    per_token = (1000 * drafting.draft_s / drafting.draft_tokens).groupby(drafting.run_dir).median()
+    table = drafts.assign(ms_per_token=drafts.run_dir.map(per_token)).dropna(subset=["ms_per_token"])
     table = table.sort_values("layers")
+    by_depth = table.groupby("layers").agg(ms_per_token=("ms_per_token", "median"),
+                                           parameters=("parameters", "median")).reset_index()
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(table.layers, table.ms_per_token, marker="o")
+    left.scatter(table.layers, table.ms_per_token, alpha=0.6)
+    left.plot(by_depth.layers, by_depth.ms_per_token, marker="o")
     left.set_xlabel("draft depth (layers)")
     left.set_ylabel("draft latency per token (ms)")
     left.set_title("Draft latency vs depth")
-    right.plot(table.parameters / 1e6, table.ms_per_token, marker="o")
+    right.scatter(table.parameters / 1e6, table.ms_per_token, alpha=0.6)
+    right.plot(by_depth.parameters / 1e6, by_depth.ms_per_token, marker="o")
     for row in table.itertuples():
         right.annotate(f"{row.layers}L", (row.parameters / 1e6, row.ms_per_token), fontsize=8)
     right.set_xlabel("draft parameters (millions)")

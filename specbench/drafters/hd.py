@@ -52,8 +52,8 @@ class HierarchyDrafting(Drafter):
                 f"drafter.order={list(order)} must list distinct databases among {', '.join(DATABASES)}"
             )
         require_positive(key_tokens=key_tokens, draft_length=draft_length, num_candidates=num_candidates,
-                       per_key_capacity=per_key_capacity, statistics_max_matches=statistics_max_matches,
-                       window_size=window_size)
+                         per_key_capacity=per_key_capacity, statistics_max_matches=statistics_max_matches,
+                         window_size=window_size)
         self.name = name
         self.order = order
         self.key_tokens = key_tokens
