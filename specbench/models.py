@@ -103,6 +103,13 @@ def cache_root(cache_dir: str | None) -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
 
 
+def cached_path(cache_dir: str | None, kind: str, stem: str, settings: dict, suffix: str = "") -> Path:
+    """Where the cache keeps an artefact of ``kind`` built with ``settings``: a hash of the settings is part
+    of the name, so that an artefact is never reused for other settings."""
+    digest = hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return cache_root(cache_dir) / kind / f"{stem}-{digest}{suffix}"
+
+
 def _eos_ids(model, tokenizer) -> frozenset[int]:
     ids = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):

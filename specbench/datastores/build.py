@@ -22,7 +22,7 @@ from specbench.datastores.model_db import (
 )
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.errors import SpecbenchError
-from specbench.models import cache_root
+from specbench.models import cache_root, cached_path
 
 log = logging.getLogger(__name__)
 MODEL_DB_PROMPTS = Path(specbench.__file__).parent / "data" / "model_db_prompts.jsonl"
@@ -128,9 +128,8 @@ def target_answers(target, prompts_file: str | None = None, max_new_tokens: int 
     HD's model database and the distillation of pruned drafts read the same answers."""
     prompts_path = Path(prompts_file) if prompts_file else MODEL_DB_PROMPTS
     prompts = read_prompts(prompts_path)
-    settings = json.dumps({"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens},
-                          sort_keys=True)
-    file = cache_root(cache_dir) / "answers" / f"{target.name}-{hashlib.sha1(settings.encode()).hexdigest()[:10]}.jsonl"
+    file = cached_path(cache_dir, "answers", target.name,
+                       {"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens}, ".jsonl")
     if file.is_file():
         rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
         if len(rows) == len(prompts):
@@ -165,8 +164,7 @@ def model_db(target, path: str, key_tokens: int, continuation_length: int, capac
     built first if missing (``build``: prompts, continuation_length, max_new_tokens, batch_size, max_ngrams).
     A database serves any continuation length up to the one it was built with."""
     if path == "auto":
-        settings = json.dumps({"source": target.source, "key": key_tokens, **build}, sort_keys=True)
-        directory = cache_root(cache_dir) / "model_db" / f"{target.name}-{hashlib.sha1(settings.encode()).hexdigest()[:10]}"
+        directory = cached_path(cache_dir, "model_db", target.name, {"source": target.source, "key": key_tokens, **build})
         if not (directory / "manifest.json").is_file():
             log.info("building the model database for %s (once; cached in %s)", target.name, directory)
             build_model_db(target, directory, build.get("prompts"), key_tokens, build["continuation_length"],

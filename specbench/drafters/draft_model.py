@@ -7,8 +7,6 @@ cache is rolled back to what the target accepted, so the draft never recomputes 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from pathlib import Path
 
@@ -32,10 +30,9 @@ def plain(value):
 
 
 def pruned_draft_directory(target, spec: dict, cache_dir: str | None) -> Path:
-    from specbench.models import cache_root
+    from specbench.models import cached_path
 
-    settings = json.dumps({"source": target.source, **spec}, sort_keys=True, default=str)
-    return cache_root(cache_dir) / "drafts" / f"{target.name}-pruned-{hashlib.sha1(settings.encode()).hexdigest()[:10]}"
+    return cached_path(cache_dir, "drafts", f"{target.name}-pruned", {"source": target.source, **spec})
 
 
 class DraftModel(Drafter):
