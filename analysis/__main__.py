@@ -1,7 +1,7 @@
 """``python -m analysis COMMAND RUNS...``: tables, throughput model, figures and an HTML report from runs.
 
     python -m analysis tables runs/ --format md            # Spec-Bench leaderboard (md, latex, csv)
-    python -m analysis throughput runs/                    # DSD throughput model: fit, deviation, requirements
+    python -m analysis throughput runs/                    # DSD throughput model: predicted vs measured
     python -m analysis figures runs/ --out figures/        # every figure, PNG and PDF
     python -m analysis report runs/ --out report.html      # one offline HTML page with all of it
     python -m analysis tables runs/ --spec-bench method.jsonl baseline.jsonl vicuna-7b eagle
@@ -16,13 +16,28 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis.figures import make_all
 from analysis.report import build_report
 from analysis.runs import load_questions, load_steps, read_spec_bench
 from analysis.tables import leaderboard, render
-from analysis.throughput import model_table, requirements
+from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements
+
+
+def print_throughput(table: pd.DataFrame) -> None:
+    """The throughput model's table (deviations in percent), the largest deviation each way, and what each
+    run would need to match the best of its model."""
+    pd.set_option("display.width", 250)
+    percent = {column: (lambda v: "-" if np.isnan(v) else f"{100 * v:+.1f}%") for column in ("calib_dev", "loo_dev")}
+    print(table[SHOWN_COLUMNS].to_string(index=False, formatters=percent, float_format=lambda v: f"{v:.3f}"))
+    print("\npredicted: tokens / (measured draft + predicted T_target + measured overhead); T_target from the "
+          "run's calibration (calib)\nor from the other runs of the same model/device/dtype/threads (loo); "
+          "dsd_form_tps leaves the overhead out.")
+    print(f"largest deviation of predicted from measured throughput: {deviation_summary(table)}")
+    print("\nwhat each run would need to match the best of its model (all else equal):")
+    print(requirements(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
 def main(argv=None) -> None:
@@ -50,13 +65,7 @@ def main(argv=None) -> None:
             Path(args.out).write_text(text)
         print(text)
     elif args.command == "throughput":
-        table = model_table(steps)
-        pd.set_option("display.width", 200)
-        print(table[["model", "label", "mat", "draft_ms", "verify_ms", "fitted_verify_ms", "measured_tps",
-                     "predicted_tps", "deviation"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        print(f"\nlargest deviation of predicted from measured throughput: {100 * table.deviation.abs().max():.1f}%")
-        print("\nwhat each run would need to match the best of its model (all else equal):")
-        print(requirements(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print_throughput(model_table(steps))
     elif args.command == "figures":
         written, skipped = make_all(questions, steps, Path(args.out or "figures"))
         for path in written:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis.figures import make_all
 from analysis.tables import formatted, leaderboard
-from analysis.throughput import model_table, requirements
+from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements
 
 STYLE = """
 body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
@@ -41,15 +41,24 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
                      _table_html(formatted(leaderboard(questions)))]
     if not steps.empty:
         table = model_table(steps)
-        shown = table[["model", "label", "mat", "draft_ms", "verify_ms", "fitted_verify_ms", "measured_tps",
-                       "predicted_tps", "deviation"]]
         sections += ["<h2>Throughput model</h2>",
-                     "<p class='note'>throughput = accepted tokens per step / (draft latency per step + target "
-                     "latency(verified tokens)), with the target latency fitted as a line per model "
-                     f"(\"Decoding Speculative Decoding\"). Largest deviation: "
-                     f"{100 * table.deviation.abs().max():.1f}%.</p>",
-                     _table_html(shown),
+                     "<p class='note'>The simplified model of \"Decoding Speculative Decoding\", checked on each run "
+                     "with the target's latency measured outside it. Over decoding steps (the prefill excluded): "
+                     "measured tokens/s = accepted tokens / (draft + verify + overhead seconds); predicted = "
+                     "accepted tokens / (draft + T_target + overhead), with the run's own measured draft and "
+                     "overhead per step and T_target looked up at each step's verified-token count (the shape "
+                     "run, padding included) in a table, interpolated between counts, no line fitted: "
+                     "<b>calib</b> from the run's calibration at its start (verify_latency.json), <b>loo</b> "
+                     "the mean verify time per count over the other runs of the same model, device, dtype and "
+                     "threads. tokens_per_step is accepted tokens per decoding step, bonus included (not MAT, "
+                     "which counts the prefill too); loo_outside is the share of steps whose count the "
+                     "leave-one-out table lacks. dsd_form_tps is the paper's own form, tokens_per_step / "
+                     "(draft + T_target), without the overhead. Largest deviation of predicted from measured: "
+                     f"{html.escape(deviation_summary(table))}.</p>",
+                     _table_html(table[SHOWN_COLUMNS]),
                      "<h3>What would match the best draft</h3>",
+                     "<p class='note'>With the leave-one-out T_target (else the calibration's), all else "
+                     "equal.</p>",
                      _table_html(requirements(table))]
     with tempfile.TemporaryDirectory() as scratch:
         written, skipped = make_all(questions, steps, Path(scratch))

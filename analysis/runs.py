@@ -14,12 +14,18 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from specbench import metrics
 from specbench.data import task_of
 from specbench.records import STEP_COLUMNS, SUMMARY_KEYS
 
 RUN_COLUMNS = ["run_dir", "model", "drafter", "label"]
-QUESTION_COLUMNS = [*RUN_COLUMNS, "question_id", "task", "category", "tokens", "seconds", "baseline_tokens",
-                    "baseline_seconds", "identical", "accepted", "steps"]
+# tokens_per_s: metrics.answer_rate; accept_lengths: the per-step list (MAT needs it); accepted, steps: its sum
+# and length; drafted: candidate draft tokens verified (None in records that lack the count); mismatch: how the
+# answer first differs from the baseline's (near_tie, violation, not_checked), None when it does not or when
+# the record does not say.
+QUESTION_COLUMNS = [*RUN_COLUMNS, "question_id", "task", "category", "tokens", "seconds", "tokens_per_s",
+                    "baseline_tokens", "baseline_seconds", "baseline_tokens_per_s", "identical", "mismatch",
+                    "accept_lengths", "accepted", "steps", "drafted"]
 
 
 def find_run_dirs(paths) -> list[Path]:
@@ -83,21 +89,28 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) -> list[dict]:
     """Per-question rows from model_answer records (specbench's or Spec-Bench's schema). Tokens are the
-    recorded new_tokens on both sides, so method and baseline are counted the same way."""
+    recorded new_tokens on both sides, so method and baseline are counted the same way; rates come from
+    ``specbench.metrics``. Keys that only specbench's records carry (task, identical, mismatch, drafted) are
+    None when absent, except the task, which then follows from the category."""
     by_id = {record["question_id"]: record for record in baseline or []}
     rows = []
     for record in answers:
         choice = record["choices"][0]
         base = by_id.get(record["question_id"])
-        base_choice = base["choices"][0] if base else None
-        task = (record.get("specbench") or {}).get("task") or task_of(record["category"]) or record["category"]
+        extra = record.get("specbench") or {}
+        task = extra.get("task") or task_of(record["category"]) or record["category"]
+        lengths = metrics.answer_accept_lengths(record)
         rows.append({
             **info, "question_id": record["question_id"], "task": task, "category": record["category"],
             "tokens": sum(choice["new_tokens"]), "seconds": sum(choice["wall_time"]),
-            "baseline_tokens": sum(base_choice["new_tokens"]) if base_choice else None,
-            "baseline_seconds": sum(base_choice["wall_time"]) if base_choice else None,
-            "identical": (record.get("specbench") or {}).get("identical_to_baseline"),
-            "accepted": sum(choice["accept_lengths"]), "steps": len(choice["accept_lengths"]),
+            "tokens_per_s": metrics.answer_rate(record),
+            "baseline_tokens": sum(base["choices"][0]["new_tokens"]) if base else None,
+            "baseline_seconds": sum(base["choices"][0]["wall_time"]) if base else None,
+            "baseline_tokens_per_s": metrics.answer_rate(base) if base else None,
+            "identical": extra.get("identical_to_baseline"),
+            "mismatch": metrics.answer_mismatch_kind(record),
+            "accept_lengths": lengths, "accepted": sum(lengths), "steps": len(lengths),
+            "drafted": metrics.answer_drafted_tokens(record),
         })
     return rows
 

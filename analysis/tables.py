@@ -1,9 +1,11 @@
 """Spec-Bench's leaderboard layout: per-task speedup and mean accepted tokens (MAT), and overall, for any
 selection of runs, as Markdown, LaTeX or CSV; repeated runs of one configuration give mean and standard
-deviation.
+deviation. Overall, it also counts the questions whose output is identical to the baseline's and, of the
+others, those that first differ at a near-tie or by a violation (summed over repeated runs).
 
-Speedup is Spec-Bench's: tokens/s per question (all turns), averaged over questions, method over baseline;
-MAT is the mean over all steps of the tokens accepted per target forward pass (bonus token included).
+Every statistic comes from ``specbench.metrics`` (Spec-Bench's definitions): speedup is tokens/s per
+question (all turns), averaged over questions, method over baseline; MAT is the mean over all steps, the
+prefill included, of the tokens accepted per target forward pass (bonus token included).
 """
 
 from __future__ import annotations
@@ -11,31 +13,56 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from specbench import metrics
 from specbench.data import TASKS
 
 STATS = ("speedup", "mat")
 RUNS = ("runs", "", "")  # the column counting the runs of a configuration
+EXACTNESS = ("questions", "identical", "near_ties", "violations")  # overall counts, summed over runs
+
+
+def _known(value):
+    """A frame cell as Python: None for a missing value (None or NaN)."""
+    return None if value is None or (not isinstance(value, str) and pd.isna(value)) else value
+
+
+def _number(value):
+    return np.nan if value is None else value
 
 
 def run_task_stats(questions: pd.DataFrame) -> pd.DataFrame:
-    """Per run and task (plus "overall"): questions, speedup, mat, tokens_per_s, baseline_tokens_per_s."""
-    frame = questions.assign(
-        tokens_per_s=questions.tokens / questions.seconds,
-        baseline_tokens_per_s=questions.baseline_tokens / questions.baseline_seconds,
-    )
+    """Per run and task (plus "overall"), from the per-question rows of ``analysis.runs``: questions, speedup,
+    mat, acceptance_rate, tokens_per_s, baseline_tokens_per_s (``metrics.statistics_of_questions``), and
+    identical, near_ties, violations (``metrics.exactness_counts``). A value that cannot be known (no paired
+    baseline, records without the counts) is NaN."""
     rows = []
-    for keys, group in frame.groupby(["run_dir", "model", "label"], sort=False):
+    for keys, group in questions.groupby(["run_dir", "model", "label"], sort=False):
         for task, part in [*group.groupby("task", sort=False), ("overall", group)]:
-            speed, base = part.tokens_per_s.mean(), part.baseline_tokens_per_s.mean()
+            paired = bool(part.baseline_tokens_per_s.notna().all())
+            drafted = [None if _known(count) is None else int(count) for count in part.drafted]
+            stats = metrics.statistics_of_questions(
+                list(part.tokens_per_s), list(part.accept_lengths), drafted,
+                list(part.baseline_tokens_per_s) if paired else None)
+            counts = metrics.exactness_counts(
+                [None if _known(flag) is None else bool(flag) for flag in part.identical],
+                [_known(kind) for kind in part.mismatch])
             rows.append({"run_dir": keys[0], "model": keys[1], "label": keys[2], "task": task,
-                         "questions": len(part), "speedup": speed / base if base > 0 else np.nan,
-                         "mat": part.accepted.sum() / part.steps.sum(), "tokens_per_s": speed,
-                         "baseline_tokens_per_s": base})
+                         "questions": stats["questions"], "speedup": _number(stats["speedup"]),
+                         "mat": stats["mean_accepted_tokens"], "acceptance_rate": _number(stats["acceptance_rate"]),
+                         "tokens_per_s": stats["tokens_per_s"],
+                         "baseline_tokens_per_s": _number(stats["baseline_tokens_per_s"]),
+                         **{key: _number(value) for key, value in counts.items()}})
     return pd.DataFrame(rows)
 
 
+def _total(values: pd.Series) -> float:
+    """The sum over runs, or NaN when any run's count is unknown."""
+    return float(values.sum()) if values.notna().all() else np.nan
+
+
 def leaderboard(questions: pd.DataFrame) -> pd.DataFrame:
-    """Rows (model, label); columns (task, stat, mean|std) over the runs of each configuration."""
+    """Rows (model, label); columns (task, stat, mean|std) over the runs of each configuration, then the overall
+    counts (questions, identical, near_ties, violations), summed over those runs, and the number of runs."""
     stats = run_task_stats(questions)
     order = [task for task in (*TASKS, "overall") if task in set(stats.task)]
     grouped = stats.groupby(["model", "label", "task"])[list(STATS)].agg(["mean", "std"])
@@ -43,7 +70,10 @@ def leaderboard(questions: pd.DataFrame) -> pd.DataFrame:
     table.columns = table.columns.reorder_levels([2, 0, 1])
     columns = [(task, stat, agg) for task in order for stat in STATS for agg in ("mean", "std")]
     table = table.reindex(columns=pd.MultiIndex.from_tuples(columns))
-    table[RUNS] = stats[stats.task == "overall"].groupby(["model", "label"]).size()
+    overall = stats[stats.task == "overall"].groupby(["model", "label"])
+    for count in EXACTNESS:
+        table[(count, "", "")] = overall[count].agg(_total)
+    table[RUNS] = overall.size()
     return table
 
 
@@ -54,14 +84,27 @@ def _cell(mean, std, stat: str) -> str:
     return text + (f" ± {std:.2f}" if not pd.isna(std) else "")
 
 
+def exactness_cell(questions, identical, near_ties, violations) -> str:
+    """The overall counts as text: "10/12 (2 near-tie, 0 violation)"; "10/12" where the kinds are unknown
+    (older records, sampling); "-" without a baseline."""
+    if _known(identical) is None:
+        return "-"
+    text = f"{int(identical)}/{int(questions)}"
+    if _known(near_ties) is None or _known(violations) is None:
+        return text
+    return f"{text} ({int(near_ties)} near-tie, {int(violations)} violation)"
+
+
 def formatted(table: pd.DataFrame) -> pd.DataFrame:
-    """The leaderboard as strings, one column per (task, stat): "1.93x ± 0.04"."""
-    tasks = list(dict.fromkeys(task for task, *_ in table.columns if task != "runs"))
+    """The leaderboard as strings, one column per (task, stat): "1.93x ± 0.04", then "identical": the overall
+    counts as ``exactness_cell`` writes them, and "runs"."""
+    tasks = list(dict.fromkeys(task for task, stat, _ in table.columns if stat in STATS))
     out = pd.DataFrame(index=table.index)
     for task in tasks:
         for stat in STATS:
             label = f"{task} {'speedup' if stat == 'speedup' else 'MAT'}"
             out[label] = [_cell(m, s, stat) for m, s in zip(table[(task, stat, "mean")], table[(task, stat, "std")])]
+    out["identical"] = [exactness_cell(*values) for values in zip(*(table[(count, "", "")] for count in EXACTNESS))]
     out["runs"] = table[RUNS]
     return out.reset_index()
 

@@ -1,66 +1,229 @@
-"""The simplified throughput model of "Decoding Speculative Decoding" (Yan, Agarwal, Venkataraman):
+"""The simplified throughput model of "Decoding Speculative Decoding" (Yan, Agarwal, Venkataraman), checked as
+the paper checks it: each run's decoding throughput is predicted from a target latency measured outside that
+run, and compared with the run's measured throughput.
 
-    throughput = accepted tokens per step / (draft latency per step + target latency(verified tokens))
+Over a run's decoding steps (the prefill, step 0, excluded):
 
-where the draft latency per step is gamma x the draft's latency per token (0 for database drafters). The
-target's latency is fitted, per model and device, as a line in the number of verified tokens over every
-recorded step; the draft latency and the accepted tokens come from each run's step records. The fit is then
-checked against each run's measured decoding throughput (the paper reports at most 3.5% deviation), and
-used to ask what a draft would need to match the best one.
+    measured  = sum(accepted_tokens) / sum(draft_s + verify_s      + overhead_s)
+    predicted = sum(accepted_tokens) / sum(draft_s + T_target(step) + overhead_s)
+    DSD form  = accepted tokens per step / (draft_s per step + T_target per step)
+
+``draft_s`` (DSD's gamma x T_draft: the drafter's propose + accept, 0 for a database drafter that takes no
+time) and ``overhead_s`` (inputs, the acceptance walk, KV-cache upkeep) are the run's own measured inputs,
+as DSD takes the draft's latency as measured. Only the target's latency is predicted, at the step's
+``verify_tokens`` (the shape actually run, root and padding included), from one of two tables measured
+outside the run, looked up without fitting a line (the hardware need not be linear in the token count):
+
+* calibration: the run's ``verify_latency.json``, timed at its start on the first question's prompt;
+* leave-one-out: the mean ``verify_s`` per ``verify_tokens`` over the decoding steps of the *other* runs of
+  the same model, device, dtype and threads (none when there is no other run), plus a context term: attention
+  costs time in proportion to the context a pass attends to, so a step at context c is predicted as
+  table(q) + slope * (c - mean context of the other runs' steps at q), with the slope fitted on the other
+  runs' steps within each token count (measured on a 2-core CPU: about 26 us per context token for the
+  embedded model, i.e. +16 ms at 600 tokens on a 60 ms pass).
+
+The DSD form is the paper's own expression, without the overhead; beside the prediction it shows what the
+overhead is worth. ``requirements`` asks what a run would need to match the fastest run of its model.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
+from specbench.metrics import accepted_per_decoding_step
 
-def fit_verify_latency(steps: pd.DataFrame) -> tuple[float, float]:
-    """Least-squares (intercept seconds, seconds per verified token) of verify_s against verify_tokens over
-    decoding steps (the prefill excluded)."""
+WAYS = {"calibration": "calib", "leave-one-out": "loo"}  # way of predicting T_target -> column prefix
+HARDWARE_KEYS = ("device", "dtype", "threads")  # with the model: which runs share a latency table
+TABLE_COLUMNS = ["model", "label", "run_dir", *HARDWARE_KEYS, "steps", "tokens_per_step", "draft_ms",
+                 "verify_ms", "overhead_ms", "measured_tps",
+                 "calib_target_ms", "calib_tps", "calib_dev",
+                 "loo_target_ms", "loo_tps", "loo_dev", "loo_runs", "loo_outside", "loo_context_us",
+                 "reference", "reference_target_ms", "dsd_form_tps"]
+SHOWN_COLUMNS = ["model", "label", "tokens_per_step", "draft_ms", "verify_ms", "calib_target_ms", "loo_target_ms",
+                 "overhead_ms", "measured_tps", "calib_tps", "loo_tps", "calib_dev", "loo_dev", "dsd_form_tps",
+                 "loo_outside"]  # what the command line and the report print
+
+
+def read_run_facts(run_dir) -> dict:
+    """What a prediction needs from a run directory besides its steps: device, dtype and threads from
+    ``run.json`` (None when absent) and the calibration table from ``verify_latency.json`` (verified tokens
+    -> seconds; empty when the run did not calibrate)."""
+    path = Path(run_dir)
+    settings = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
+    latency_file = path / "verify_latency.json"
+    measured = json.loads(latency_file.read_text())["latency_s"] if latency_file.is_file() else {}
+    return {**{key: settings.get(key) for key in HARDWARE_KEYS},
+            "calibration": {int(count): float(seconds) for count, seconds in measured.items()}}
+
+
+def latency_lookup(table: dict[int, float], counts) -> np.ndarray:
+    """Seconds of one target forward pass over each of ``counts`` tokens, from ``table`` (token count ->
+    seconds): linear between the two nearest measured counts, continued along the slope of the two largest
+    counts beyond the largest (never downward), and the smallest count's value below the smallest. Nothing
+    is fitted, so a shape that is not a line (2-3 tokens slower than 4 on a CPU) is kept.
+
+    >>> latency_lookup({1: 0.050, 3: 0.060, 11: 0.090}, [2, 11, 15]).round(4).tolist()
+    [0.055, 0.09, 0.105]
+    """
+    grid = np.array(sorted(table), dtype=np.float64)
+    values = np.array([table[count] for count in sorted(table)])
+    counts = np.asarray(counts, dtype=np.float64)
+    seconds = np.interp(counts, grid, values)
+    if grid.size >= 2:
+        slope = max(0.0, (values[-1] - values[-2]) / (grid[-1] - grid[-2]))
+        seconds = np.where(counts > grid[-1], values[-1] + slope * (counts - grid[-1]), seconds)
+    return seconds
+
+
+def latency_sums(decode: pd.DataFrame) -> pd.DataFrame:
+    """Per run and ``verify_tokens`` over decoding steps: the summed ``verify_s`` (seconds) and the number of
+    steps (steps), from which any set of runs' mean latency table is pooled without re-reading steps."""
+    return decode.groupby(["run_dir", "verify_tokens"]).verify_s.agg(seconds="sum", steps="count").reset_index()
+
+
+def pooled_latency_table(sums: pd.DataFrame, runs) -> dict[int, float]:
+    """Mean measured ``verify_s`` per ``verify_tokens`` over every decoding step of ``runs`` (each step
+    weighs the same), from ``latency_sums``; empty when ``runs`` is."""
+    pooled = sums[sums.run_dir.isin(list(runs))].groupby("verify_tokens")[["seconds", "steps"]].sum()
+    return {int(count): float(seconds / steps) for count, seconds, steps in pooled.itertuples()}
+
+
+def context_model(decode: pd.DataFrame, runs) -> tuple[dict[int, float], float]:
+    """From the decoding steps of ``runs``: the mean context length per ``verify_tokens``, and the slope
+    (seconds per context token) of ``verify_s`` against context within each token count (least squares on the
+    deviations from each count's means, pooled; 0 when the contexts do not vary)."""
+    steps = decode[decode.run_dir.isin(list(runs))]
+    if steps.empty:
+        return {}, 0.0
+    by_count = steps.groupby("verify_tokens")
+    latency = steps.verify_s - by_count.verify_s.transform("mean")
+    context = steps.context_len - by_count.context_len.transform("mean")
+    spread = float((context * context).sum())
+    slope = float((latency * context).sum()) / spread if spread > 0 else 0.0
+    return {int(count): float(mean) for count, mean in by_count.context_len.mean().items()}, slope
+
+
+def context_term(run: pd.DataFrame, mean_context: dict[int, float], slope: float) -> np.ndarray:
+    """Per step of ``run``: slope * (its context length - the reference steps' mean context at its token count,
+    interpolated between counts)."""
+    if not mean_context or slope == 0.0:
+        return np.zeros(len(run))
+    counts = sorted(mean_context)
+    reference = np.interp(run.verify_tokens, counts, [mean_context[count] for count in counts])
+    return slope * (run.context_len.to_numpy(dtype=np.float64) - reference)
+
+
+def measured_rate(run: pd.DataFrame) -> float:
+    """Tokens/s of a run's decoding steps as measured: accepted tokens (bonus included) over the steps'
+    draft + verify + overhead seconds."""
+    return float(run.accepted_tokens.sum() / (run.draft_s + run.verify_s + run.overhead_s).sum())
+
+
+def predicted_rate(run: pd.DataFrame, target_s: np.ndarray) -> float:
+    """Tokens/s predicted for a run's decoding steps: accepted tokens over the steps' measured draft and
+    overhead seconds plus ``target_s``, the predicted target latency of each step."""
+    return float(run.accepted_tokens.sum() / (run.draft_s.sum() + target_s.sum() + run.overhead_s.sum()))
+
+
+def dsd_form_rate(run: pd.DataFrame, target_s: np.ndarray) -> float:
+    """DSD's own form: accepted tokens per decoding step over (mean draft seconds per step + mean predicted
+    target seconds per step); the loop's overhead is left out, so it overshoots by overhead / (draft +
+    target)."""
+    return float(run.accepted_tokens.mean() / (run.draft_s.mean() + target_s.mean()))
+
+
+def outside_share(table: dict[int, float], counts: pd.Series) -> float:
+    """Share of ``counts`` that ``table`` does not hold, i.e. whose latency is interpolated or extrapolated."""
+    return float((~counts.isin(list(table))).mean())
+
+
+def run_prediction(run: pd.DataFrame, calibration: dict[int, float], others: dict[int, float],
+                   others_context: np.ndarray | None = None) -> dict:
+    """One run's row of ``model_table`` from its decoding steps, its calibration table and the leave-one-out
+    table of the other runs (either may be empty: that way's columns are then NaN); ``others_context`` is the
+    leave-one-out context term per step (``context_term``; None = no term)."""
+    measured = measured_rate(run)
+    row = {"steps": len(run), "tokens_per_step": accepted_per_decoding_step(run.accepted_tokens, run.step),
+           "draft_ms": 1000 * run.draft_s.mean(), "verify_ms": 1000 * run.verify_s.mean(),
+           "overhead_ms": 1000 * run.overhead_s.mean(), "measured_tps": measured,
+           "loo_outside": outside_share(others, run.verify_tokens) if others else np.nan,
+           "reference": "", "reference_target_ms": np.nan, "dsd_form_tps": np.nan}
+    for way, table in (("calibration", calibration), ("leave-one-out", others)):
+        prefix = WAYS[way]
+        if not table:
+            row.update({f"{prefix}_target_ms": np.nan, f"{prefix}_tps": np.nan, f"{prefix}_dev": np.nan})
+            continue
+        target_s = latency_lookup(table, run.verify_tokens)
+        if way == "leave-one-out" and others_context is not None:
+            target_s = target_s + others_context
+        predicted = predicted_rate(run, target_s)
+        row.update({f"{prefix}_target_ms": 1000 * target_s.mean(), f"{prefix}_tps": predicted,
+                    f"{prefix}_dev": predicted / measured - 1})
+        # leave-one-out comes second, so it is the reference whenever it exists
+        row.update({"reference": way, "reference_target_ms": 1000 * target_s.mean(),
+                    "dsd_form_tps": dsd_form_rate(run, target_s)})
+    return row
+
+
+def model_table(steps: pd.DataFrame, facts: dict[str, dict] | None = None) -> pd.DataFrame:
+    """One row per run (columns TABLE_COLUMNS): tokens per decoding step (bonus included), draft, verify and
+    overhead ms per step as measured, T_target ms per step as predicted each way, measured tokens/s and the
+    tokens/s predicted each way with its deviation (predicted / measured - 1), and the DSD form with the
+    reference T_target (leave-one-out, else calibration). loo_runs counts the runs that made a run's
+    leave-one-out table; loo_outside is the share of its steps whose token count that table lacks.
+
+    ``facts`` maps run_dir to ``read_run_facts``' dict; by default it is read from each run directory."""
+    if facts is None:
+        facts = {run_dir: read_run_facts(run_dir) for run_dir in steps.run_dir.unique()}
     decode = steps[steps.step > 0]
-    if decode.verify_tokens.nunique() < 2:
-        return float(decode.verify_s.mean()), 0.0
-    slope, intercept = np.polyfit(decode.verify_tokens.astype(float), decode.verify_s.astype(float), 1)
-    return float(intercept), float(slope)
-
-
-def model_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per run: accepted tokens per step, draft and verify seconds per step (measured, and the fitted target
-    latency at the run's verified-token counts), measured and predicted tokens/s and their deviation."""
+    models = decode.groupby("run_dir").model.first()
+    hardware = {run_dir: (model, *(facts[run_dir][key] for key in HARDWARE_KEYS)) for run_dir, model in models.items()}
+    sums = latency_sums(decode)
     rows = []
-    for model, per_model in steps.groupby("model"):
-        intercept, slope = fit_verify_latency(per_model)
-        for (run_dir, label), run in per_model[per_model.step > 0].groupby(["run_dir", "label"]):
-            accepted = run.accepted_tokens.mean()
-            draft = run.draft_s.mean()
-            fitted_verify = intercept + slope * run.verify_tokens.mean()
-            measured = run.accepted_tokens.sum() / (run.draft_s + run.verify_s + run.overhead_s).sum()
-            predicted = accepted / (draft + fitted_verify)
-            rows.append({"model": model, "label": label, "run_dir": run_dir, "mat": accepted,
-                         "draft_ms": 1000 * draft, "verify_ms": 1000 * run.verify_s.mean(),
-                         "fitted_verify_ms": 1000 * fitted_verify, "overhead_ms": 1000 * run.overhead_s.mean(),
-                         "verify_tokens": run.verify_tokens.mean(), "measured_tps": measured,
-                         "predicted_tps": predicted, "deviation": predicted / measured - 1,
-                         "fit_intercept_ms": 1000 * intercept, "fit_ms_per_token": 1000 * slope})
-    return pd.DataFrame(rows)
+    for (run_dir, model, label), run in decode.groupby(["run_dir", "model", "label"], sort=False):
+        peers = [other for other in hardware if other != run_dir and hardware[other] == hardware[run_dir]]
+        others = pooled_latency_table(sums, peers)
+        mean_context, slope = context_model(decode, peers)
+        rows.append({"model": model, "label": label, "run_dir": run_dir,
+                     **{key: facts[run_dir][key] for key in HARDWARE_KEYS}, "loo_runs": len(peers),
+                     "loo_context_us": 1e6 * slope,
+                     **run_prediction(run, facts[run_dir]["calibration"], others,
+                                      context_term(run, mean_context, slope))})
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def largest_deviations(table: pd.DataFrame) -> dict[str, float]:
+    """Per way of predicting T_target, the largest absolute deviation over the runs it predicts (NaN when it
+    predicts none)."""
+    return {way: float(table[f"{prefix}_dev"].abs().max()) for way, prefix in WAYS.items()}
+
+
+def deviation_summary(table: pd.DataFrame) -> str:
+    """``largest_deviations`` as text: "calibration 0.4%, leave-one-out 1.2%" ("-" for a way with no run)."""
+    return ", ".join(f"{way} {'-' if np.isnan(value) else f'{100 * value:.1f}%'}"
+                     for way, value in largest_deviations(table).items())
 
 
 def requirements(table: pd.DataFrame) -> pd.DataFrame:
-    """For every run: the draft latency per step, or the accepted tokens per step, that would make its
-    predicted throughput equal the best measured one of its model (all else equal). For the fastest run
-    itself these differ from its own values only by the model's error. A draft latency below zero means no
-    draft speed can close the gap: acceptance must rise."""
+    """For every run: the draft latency per step, or the accepted tokens per decoding step, that would make
+    its predicted throughput (draft + reference T_target + overhead per step) equal the best measured one of
+    its model, all else equal. For the fastest run itself these differ from its own values only by the
+    model's error. A draft latency below zero means no draft speed can close the gap: acceptance must rise.
+    Runs with no predicted T_target get NaN."""
     rows = []
     for model, group in table.groupby("model"):
         best = group.loc[group.measured_tps.idxmax()]
         for row in group.itertuples():
-            verify = row.fitted_verify_ms / 1000
-            needed_draft = row.mat / best.measured_tps - verify
-            needed_mat = best.measured_tps * (row.draft_ms / 1000 + verify)
+            rest_s = (row.reference_target_ms + row.overhead_ms) / 1000
+            needed_draft = row.tokens_per_step / best.measured_tps - rest_s
+            needed_tokens = best.measured_tps * (row.draft_ms / 1000 + rest_s)
             rows.append({"model": model, "label": row.label, "best": best.label,
                          "measured_tps": row.measured_tps, "best_tps": best.measured_tps,
                          "draft_ms": row.draft_ms, "needed_draft_ms": 1000 * needed_draft,
-                         "mat": row.mat, "needed_mat": needed_mat,
-                         "acceptance_factor": needed_mat / row.mat})
+                         "tokens_per_step": row.tokens_per_step, "needed_tokens_per_step": needed_tokens,
+                         "acceptance_factor": needed_tokens / row.tokens_per_step})
     return pd.DataFrame(rows)

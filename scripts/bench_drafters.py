@@ -4,25 +4,50 @@
     python scripts/bench_drafters.py --drafters pld hd hd-lookahead -- model=vicuna-7b task.path=question.jsonl
 
 Each drafter runs as ``python -m specbench drafter=NAME`` would, into OUT/NAME (re-running resumes), then
-one table per measure is printed: speedup, mean accepted tokens (MAT) and drafting latency per step, per
-task, with the fastest drafter of each task marked. ``hd-lookahead`` is HD with drafter.lookahead_branch=true.
+one table per measure is printed, per task: speedup (the fastest drafter of each task marked), mean accepted
+tokens (MAT), acceptance rate and questions identical to AR (with how many of the others differ at a near-tie
+or by a violation), all read from each run's summary.json, and the drafting latency per decoding step
+(prefill excluded) from its steps.parquet. Every one is defined in ``specbench.metrics``. ``hd-lookahead`` is
+HD with drafter.lookahead_branch=true.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+from analysis.tables import exactness_cell
+from specbench import metrics
 from specbench.config import compose
 from specbench.data import TASKS
 from specbench.errors import SpecbenchError
 from specbench.runner import run_benchmark
 
 VARIANTS = {"hd-lookahead": ("hd", ["drafter.lookahead_branch=true", "drafter.name=hd-lookahead"])}
+MEASURES = (  # (summary key or column, format, title)
+    ("speedup", "{:.2f}x", "speedup over AR (* fastest)"),
+    ("mean_accepted_tokens", "{:.2f}", "mean accepted tokens (prefill included, bonus token included)"),
+    ("acceptance_rate", "{:.3f}", "acceptance rate (accepted / drafted tokens)"),
+    ("draft_ms", "{:.3f}", "drafting latency per decoding step (ms)"),
+    ("exactness", "{}", "questions identical to AR (of the others: near-ties, violations)"),
+)
+
+
+def draft_ms_per_task(run_dir: Path) -> dict:
+    """Mean drafting milliseconds per decoding step of a run directory, per task and overall."""
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    lines = (run_dir / "answers.jsonl").read_text(encoding="utf-8").splitlines()
+    task_of = {record["question_id"]: record["specbench"]["task"] for record in map(json.loads, filter(None, lines))}
+    tasks = steps.question_id.map(task_of)
+    per_task = {task: 1000 * metrics.draft_seconds_per_step(part.draft_s.tolist(), part.step.tolist())
+                for task, part in steps.groupby(tasks)}
+    per_task["overall"] = 1000 * metrics.draft_seconds_per_step(steps.draft_s.tolist(), steps.step.tolist())
+    return per_task
 
 
 def main() -> None:
@@ -42,33 +67,34 @@ def main() -> None:
         if args.limit_per_task:
             overrides.append(f"task.limit_per_task={args.limit_per_task}")
         print(f"== {name}", flush=True)
+        run_dir = Path(args.out) / name
         try:
-            summary = run_benchmark(compose(overrides), str(Path(args.out) / name))
+            run_benchmark(compose(overrides), str(run_dir))
         except SpecbenchError as error:
             print(f"bench_drafters: error: {error}", file=sys.stderr)
             sys.exit(2)
-        steps = pd.read_parquet(Path(args.out) / name / "steps.parquet")
-        answers = pd.read_json(Path(args.out) / name / "answers.jsonl", lines=True)
-        task_of = {row.question_id: row.specbench["task"] for row in answers.itertuples()}
-        steps = steps[steps.step > 0].assign(task=lambda frame: frame.question_id.map(task_of))
-        draft_ms = (steps.groupby("task").draft_s.mean() * 1000).to_dict()
-        draft_ms["overall"] = steps.draft_s.mean() * 1000
+        summary = json.loads((run_dir / "summary.json").read_text())
+        draft_ms = draft_ms_per_task(run_dir)
         for task, stats in summary["tasks"].items():
-            rows.append({"drafter": name, "task": task, **stats, "draft_ms": draft_ms.get(task)})
+            # Summaries written before acceptance_rate, near_ties and violations existed lack them: shown as "-".
+            exactness = exactness_cell(stats["questions"], stats.get("identical_to_baseline"),
+                                       stats.get("near_ties"), stats.get("violations"))
+            rows.append({"drafter": name, "task": task, "speedup": stats.get("speedup"),
+                         "mean_accepted_tokens": stats.get("mean_accepted_tokens"),
+                         "acceptance_rate": stats.get("acceptance_rate"), "draft_ms": draft_ms.get(task),
+                         "exactness": exactness})
 
     table = pd.DataFrame(rows)
     order = [task for task in (*TASKS, "overall") if task in set(table.task)]
-    for measure, fmt in (("speedup", "{:.2f}x"), ("mean_accepted_tokens", "{:.2f}"), ("draft_ms", "{:.3f}"),
-                         ("identical_to_baseline", "{:.0f}")):
+    for measure, fmt, title in MEASURES:
         pivot = table.pivot(index="task", columns="drafter", values=measure).loc[order, args.drafters]
-        shown = pivot.map(lambda value: "-" if pd.isna(value) else fmt.format(value))
+        shown = pivot.map(lambda value: "-" if value is None or pd.isna(value) else fmt.format(value))
         if measure == "speedup":
-            best = pivot.idxmax(axis=1)
             for task in order:
-                shown.loc[task, best[task]] += " *"
-        label = {"draft_ms": "drafting latency per step (ms)", "mean_accepted_tokens": "mean accepted tokens",
-                 "identical_to_baseline": "questions identical to AR", "speedup": "speedup over AR (* fastest)"}
-        print(f"\n{label[measure]}\n{shown.to_string()}")
+                speedups = pivot.loc[task].astype(float)
+                if speedups.notna().any():
+                    shown.loc[task, speedups.idxmax()] += " *"
+        print(f"\n{title}\n{shown.to_string()}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from specbench.decoding.loop import Decoder
 from specbench.drafters.ar import NoDraft
 from specbench.drafters.pld import PromptLookup
 from specbench.runner import calibrate
+from specbench.settings import RunSettings
 
 METHODS = ("hf-greedy", "ours-ar", "hf-pld", "ours-pld")
 
@@ -89,7 +90,7 @@ def main() -> None:
     first_prompt = target.encode_conversation([questions[0].turns[0]], [])
     for method in METHODS:  # warm-up, untimed
         run(method, first_prompt[: min(len(first_prompt), 256)])
-    latencies = calibrate(cfg.run, target, decoder, first_prompt)
+    latencies = calibrate(RunSettings.from_config(cfg.run), target, decoder, first_prompt)
     if latencies:
         print("verify latency (ms) by tokens verified:",
               ", ".join(f"{size}:{seconds * 1e3:.1f}" for size, seconds in latencies.items()))

@@ -16,7 +16,7 @@ log = logging.getLogger("specbench")
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from specbench.records import format_summary_table
+    from specbench.records import format_summary_table, read_answers, violation_report
     from specbench.runner import run_benchmark
 
     output_dir = HydraConfig.get().runtime.output_dir
@@ -31,6 +31,9 @@ def main(cfg: DictConfig) -> None:
         sys.exit(130)
     print(f"\n{summary['model']} / {summary['drafter']}  ({output_dir})")
     print(format_summary_table(summary))
+    report = violation_report(summary, read_answers(output_dir))
+    if report:
+        print(f"\n{report}", file=sys.stderr)
 
 
 if __name__ == "__main__":

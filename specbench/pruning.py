@@ -147,9 +147,9 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
     """Prune ``target`` (a LoadedModel) to ``layers`` (a count with ``selection``, or indices), distil it on
     ``distill_tokens`` tokens of ``corpus`` when that is positive, and save a checkpoint with the target's
     tokenizer and a manifest to ``directory``; return the manifest."""
-    from specbench.datastores.build import target_answers
     from specbench.datastores.corpus import iter_documents, resolve_corpus
     from specbench.models import cache_root
+    from specbench.target_answers import target_answers
 
     started = time.perf_counter()
     total = target.model.config.get_text_config().num_hidden_layers

@@ -4,7 +4,7 @@
     answers.jsonl            the method's answers, Spec-Bench model_answer schema (one line per question)
     baseline_answers.jsonl   the paired autoregressive answers, same schema (absent with run.baseline=false)
     steps.parquet            one row per decoding step of the method (columns: STEP_COLUMNS)
-    summary.json             per-task and overall speedup, acceptance, throughput (schema_version 1)
+    summary.json             per-task and overall speedup, acceptance, throughput, exactness (SCHEMA_VERSION)
 
 Both answer files can be fed to Spec-Bench's own ``evaluation/speed.py`` as --file-path / --base-path.
 """
@@ -21,26 +21,69 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specbench import metrics
 from specbench.data import TASKS, Prompt
-from specbench.decoding.loop import StepRecord
 from specbench.errors import SpecbenchError
+from specbench.mismatch import Mismatch
 
-SCHEMA_VERSION = 1
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Timings and counts of one decoding step (one row of steps.parquet). Step 0 is the prefill, which
+    yields the first token; its draft_s holds ``Drafter.begin`` and the first ``accept``.
+
+    draft_tokens:     draft tokens verified (after the cuts), non-candidates (Lookahead's window) included.
+    verify_tokens:    tokens in the target's forward pass: last committed token + draft + shape padding
+                      (for the prefill: the prompt length).
+    accepted_tokens:  tokens appended to the output, the bonus token included.
+    draft_s:          time in the drafter (propose and accept), its device work included.
+    verify_s:         the target's forward pass, up to its choices (argmax, top-k) being on the host.
+    overhead_s:       the rest of the step: planning (cuts, draft budget), building the inputs, the acceptance
+                      walk, the KV-cache compaction, bookkeeping.
+    context_len:      prompt + generated tokens before the step.
+    draft_depth:      longest path of candidate draft tokens verified (a chain's length); with
+                      accepted_tokens it gives the acceptance per draft position.
+    source:           label of the last accepted draft token (Draft.sources), "" when none was accepted or
+                      the drafter gives no labels.
+    candidate_tokens: draft tokens verified that could be accepted (draft_tokens minus non-candidates); the
+                      denominator of the acceptance rate.
+
+    Every phase boundary is a fenced clock read (see ``specbench.decoding.loop``). Changing these fields
+    changes steps.parquet: bump SCHEMA_VERSION (tests/test_records.py pins the columns of each version).
+    """
+
+    step: int
+    draft_tokens: int
+    verify_tokens: int
+    accepted_tokens: int
+    draft_s: float
+    verify_s: float
+    overhead_s: float
+    context_len: int
+    draft_depth: int = 0
+    source: str = ""
+    candidate_tokens: int = 0
+
+
+SCHEMA_VERSION = 2
 STEP_COLUMNS = ["question_id", "turn", *StepRecord.__dataclass_fields__]
-SUMMARY_KEYS = ("questions", "identical_to_baseline", "speedup", "mean_accepted_tokens", "tokens_per_s",
-                "baseline_tokens_per_s")
+SUMMARY_KEYS = ("questions", "identical_to_baseline", "near_ties", "violations", "speedup", "mean_accepted_tokens",
+                "acceptance_rate", "tokens_per_s", "baseline_tokens_per_s")
 
 
 @dataclass
 class Answer:
-    """One decoder's answer to one question: per turn the text, the token ids and the steps."""
+    """One decoder's answer to one question: per turn the text, the token ids, the steps, the wall time and
+    the target's top-k tokens and logits per generated token (kept in memory for mismatch diagnosis only)."""
 
     texts: list[str] = field(default_factory=list)
     token_ids: list[list[int]] = field(default_factory=list)
     steps: list[list[StepRecord]] = field(default_factory=list)
     wall_times: list[float] = field(default_factory=list)
+    top: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
-    def to_record(self, prompt: Prompt, model_id: str, identical_to_baseline: bool | None) -> dict:
+    def to_record(self, prompt: Prompt, model_id: str, identical_to_baseline: bool | None,
+                  mismatch: Mismatch | None = None) -> dict:
         """Spec-Bench's model_answer line, plus a ``specbench`` key that Spec-Bench's scripts ignore.
 
         accept_lengths has one entry per forward pass of the target (the prefill included), counting the
@@ -61,7 +104,12 @@ class Answer:
             "model_id": model_id,
             "choices": [choice],
             "tstamp": time.time(),
-            "specbench": {"task": prompt.task, "identical_to_baseline": identical_to_baseline},
+            "specbench": {
+                "task": prompt.task,
+                "identical_to_baseline": identical_to_baseline,
+                "drafted_tokens": sum(step.candidate_tokens for steps in self.steps for step in steps),
+                "mismatch": None if mismatch is None else mismatch.to_dict(),
+            },
         }
 
     def step_rows(self, question_id) -> list[dict]:
@@ -92,6 +140,11 @@ def _read_answer_lines(path: Path) -> list[dict]:
                 break
             raise SpecbenchError(f"{path}, line {number}: not valid JSON; the run directory is damaged") from None
     return records
+
+
+def read_answers(run_dir: str | Path) -> list[dict]:
+    """The method's answer records of a run directory (none when it has no answers yet)."""
+    return _read_answer_lines(Path(run_dir) / "answers.jsonl")
 
 
 class RunDirectory:
@@ -186,16 +239,10 @@ class RunDirectory:
         _write_atomically(self.steps_file, lambda p: frame.to_parquet(p, index=False))
 
 
-def question_speed(record: dict) -> float:
-    """Tokens per second of one answer record: all turns' new tokens over all turns' wall time."""
-    choice = record["choices"][0]
-    return sum(choice["new_tokens"]) / sum(choice["wall_time"])
-
-
 def summarize(answers: list[dict], baseline_answers: list[dict] | None) -> dict:
-    """Per-task and overall statistics, computed as Spec-Bench's speed.py does: tokens/s per question,
-    averaged over questions; speedup = mean method tokens/s / mean baseline tokens/s; mean accepted
-    tokens = mean over all steps. Tokens are counted identically (generated token ids) on both sides."""
+    """Per-task and overall statistics (``specbench.metrics.group_statistics``: Spec-Bench's definitions),
+    with, when there is a baseline, how many answers are identical to it and how many differ at a near-tie
+    or by a violation (``specbench.mismatch``)."""
     baseline_by_id = {record["question_id"]: record for record in baseline_answers or []}
     groups: dict[str, list[dict]] = {}
     for record in answers:
@@ -208,40 +255,39 @@ def summarize(answers: list[dict], baseline_answers: list[dict] | None) -> dict:
 
 
 def _group_summary(records: list[dict], baseline_by_id: dict, with_baseline: bool) -> dict:
-    speeds = [question_speed(record) for record in records]
-    accept_lengths = [n for record in records for n in record["choices"][0]["accept_lengths"]]
-    summary = {
-        "questions": len(records),
-        "identical_to_baseline": None,
-        "speedup": None,
-        "mean_accepted_tokens": float(np.mean(accept_lengths)),
-        "tokens_per_s": float(np.mean(speeds)),
-        "baseline_tokens_per_s": None,
-    }
-    if with_baseline:
-        baseline_speeds = [question_speed(baseline_by_id[record["question_id"]]) for record in records]
-        summary["identical_to_baseline"] = sum(bool(r["specbench"]["identical_to_baseline"]) for r in records)
-        summary["baseline_tokens_per_s"] = float(np.mean(baseline_speeds))
-        summary["speedup"] = summary["tokens_per_s"] / summary["baseline_tokens_per_s"]
-    return summary
+    baseline = [baseline_by_id[record["question_id"]] for record in records] if with_baseline else None
+    statistics = metrics.group_statistics(records, baseline)
+    identical = [r["specbench"]["identical_to_baseline"] if with_baseline else None for r in records]
+    counts = metrics.exactness_counts(identical, [metrics.answer_mismatch_kind(r) for r in records])
+    statistics.update(identical_to_baseline=counts["identical"], near_ties=counts["near_ties"],
+                      violations=counts["violations"])
+    return {key: statistics[key] for key in SUMMARY_KEYS}
 
 
 def format_summary_table(summary: dict) -> str:
-    """The summary as an aligned text table, one row per task and one for overall."""
+    """The summary as an aligned text table, one row per task and one for overall. ``exact`` reads
+    identical / near-tie / violation counts out of the questions ("-" without a baseline)."""
 
     def show(value, fmt: str, suffix: str = "") -> str:
         return "-" if value is None else format(value, fmt) + suffix
 
-    header = ("task", "questions", "identical", "speedup", "MAT", "tok/s", "AR tok/s")
+    def exact(stats) -> str:
+        if stats["identical_to_baseline"] is None:
+            return "-"
+        if stats.get("near_ties") is None:  # sampling: outputs are not expected to be identical
+            return f"{stats['identical_to_baseline']}/{stats['questions']} (sampled)"
+        return f"{stats['identical_to_baseline']}/{stats.get('near_ties', 0)}/{stats.get('violations', 0)}"
+
+    header = ("task", "questions", "exact", "speedup", "MAT", "accept", "tok/s", "AR tok/s")
     rows = [header]
     for task, stats in summary["tasks"].items():
-        identical = stats["identical_to_baseline"]
         rows.append((
             task,
             str(stats["questions"]),
-            "-" if identical is None else f"{identical}/{stats['questions']}",
+            exact(stats),
             show(stats["speedup"], ".2f", "x"),
             show(stats["mean_accepted_tokens"], ".2f"),
+            show(stats.get("acceptance_rate"), ".2f"),
             show(stats["tokens_per_s"], ".1f"),
             show(stats["baseline_tokens_per_s"], ".1f"),
         ))
@@ -250,4 +296,20 @@ def format_summary_table(summary: dict) -> str:
                        for column, (cell, width) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    lines.append("exact = identical / near-tie / violation (see specbench.mismatch); accept = accepted / drafted "
+                 "tokens; MAT = mean accepted tokens per target pass, bonus token included")
+    return "\n".join(lines)
+
+
+def violation_report(summary: dict, answers: list[dict]) -> str | None:
+    """A loud paragraph naming every answer whose difference from the baseline is a violation, or None."""
+    bad = [record for record in answers if metrics.answer_mismatch_kind(record) == "violation"]
+    if not bad:
+        return None
+    lines = [f"LOSSLESSNESS VIOLATION: {len(bad)} answer(s) differ from the baseline beyond a numerical near-tie:"]
+    for record in bad:
+        found = record["specbench"]["mismatch"]
+        lines.append(f"  question {record['question_id']} turn {found['turn'] + 1}, token {found['index']}: method "
+                     f"{found['method_token']} vs baseline {found['baseline_token']} (logit margins: method "
+                     f"{found['method_margin']}, baseline {found['baseline_margin']})")
     return "\n".join(lines)

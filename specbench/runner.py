@@ -19,46 +19,18 @@ from tqdm import tqdm
 
 import specbench
 from specbench.data import Prompt, read_questions, select_questions
-from specbench.decoding.budget import DraftBudget, VerifyCost, calibration_sizes
+from specbench.decoding.budget import DraftBudget, VerifyCost
+from specbench.decoding.contract import Drafter
 from specbench.decoding.loop import Decoder, VerifyShapes
 from specbench.decoding.sampling import Sampling
 from specbench.drafters.ar import NoDraft
-from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
+from specbench.mismatch import diagnose
 from specbench.models import LoadedModel
-from specbench.records import Answer, RunDirectory
+from specbench.records import SCHEMA_VERSION, Answer, RunDirectory
+from specbench.settings import RunSettings
 
 log = logging.getLogger(__name__)
-
-
-def check_run_settings(run: DictConfig) -> None:
-    """Reject settings that cannot work, before anything is loaded."""
-    for key in ("max_new_tokens", "max_draft_tokens", "verify_padding_max"):
-        value = run[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise SpecbenchError(f"run.{key} must be a positive integer, got {value!r}")
-    for key in ("warmup_runs", "warmup_max_new_tokens"):
-        value = run[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise SpecbenchError(f"run.{key} must be a non-negative integer, got {value!r}")
-    if not 0 <= run.verify_padding_min_gain < 1:
-        raise SpecbenchError(f"run.verify_padding_min_gain must be in [0, 1), got {run.verify_padding_min_gain!r}")
-    if run.verify_padding not in ("auto", "off"):
-        raise SpecbenchError(f"run.verify_padding must be auto or off, got {run.verify_padding!r}")
-    if run.draft_budget not in ("auto", "off"):
-        raise SpecbenchError(f"run.draft_budget must be auto or off, got {run.draft_budget!r}")
-    if not 0 <= run.draft_budget_explore <= 1:
-        raise SpecbenchError(f"run.draft_budget_explore must be in [0, 1], got {run.draft_budget_explore!r}")
-    if not run.draft_budget_memory >= 1:
-        raise SpecbenchError(f"run.draft_budget_memory must be at least 1, got {run.draft_budget_memory!r}")
-    if not 0 < run.draft_budget_prior < 1:
-        raise SpecbenchError(f"run.draft_budget_prior must be in (0, 1), got {run.draft_budget_prior!r}")
-    if not isinstance(run.temperature, (int, float)) or run.temperature < 0:
-        raise SpecbenchError(f"run.temperature must be 0 (greedy) or positive, got {run.temperature!r}")
-    if not isinstance(run.top_p, (int, float)) or not 0 < run.top_p <= 1:
-        raise SpecbenchError(f"run.top_p must be in (0, 1], got {run.top_p!r}")
-    if run.threads is not None and (not isinstance(run.threads, int) or run.threads < 1):
-        raise SpecbenchError(f"run.threads must be a positive integer or null, got {run.threads!r}")
 
 
 def build(node: DictConfig, **kwargs):
@@ -103,6 +75,7 @@ def answer_question(
         answer.token_ids.append(generation.token_ids)
         answer.steps.append(generation.steps)
         answer.wall_times.append(generation.wall_s)
+        answer.top.append((generation.top_ids, generation.top_logits))
     return answer
 
 
@@ -168,6 +141,7 @@ def config_settings(cfg: DictConfig) -> dict:
     """The settings results depend on that the configuration alone fixes (run.json holds these and the
     loaded model's source, dtype, device and threads)."""
     return {
+        "schema_version": SCHEMA_VERSION,
         "model": cfg.model.name,
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
         "max_new_tokens": cfg.run.max_new_tokens,
@@ -199,10 +173,10 @@ def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt]) 
 
 def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
     """Run the benchmark described by ``cfg`` into ``output_dir`` and return the summary."""
-    check_run_settings(cfg.run)
-    if cfg.run.threads is not None:
-        torch.set_num_threads(cfg.run.threads)
-    torch.manual_seed(cfg.run.seed)
+    settings = RunSettings.from_config(cfg.run)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
 
     questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
     finished_summary = already_finished(cfg, output_dir, questions)
@@ -210,47 +184,51 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
         log.info("%s: every selected question is already done; nothing to run", output_dir)
         return finished_summary
     drafter: Drafter = build(cfg.drafter)
-    model: LoadedModel = build(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
-    sampling = Sampling(temperature=float(cfg.run.temperature), top_p=float(cfg.run.top_p), seed=cfg.run.seed)
+    model: LoadedModel = build(cfg.model, device=settings.device, linear_backend=settings.linear_backend)
+    sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
     drafter.prepare(model, sampling)
     baseline = NoDraft()
+    dtype = str(model.dtype).removeprefix("torch.")
 
-    settings = {
+    run_settings = {
         **config_settings(cfg),
         "model_source": model.source,
-        "dtype": str(model.dtype).removeprefix("torch."),
+        "dtype": dtype,
         "device": str(model.device),
         "threads": torch.get_num_threads(),
     }
-    run_dir = RunDirectory(output_dir, with_baseline=cfg.run.baseline)
-    finished = run_dir.open(settings)
+    run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
+    finished = run_dir.open(run_settings)
     pending = [prompt for prompt in questions if prompt.question_id not in finished]
     header = {"model": model.name, "drafter": drafter.name, "environment": environment(model)}
     if finished:
         log.info("resuming in %s: %d of %d questions already done", output_dir, len(questions) - len(pending), len(questions))
 
-    decoder = Decoder(model.model, model.eos_token_ids, cfg.run.max_draft_tokens, sampling=sampling)
+    decoder = Decoder(model.model, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
+                      target_top_k=settings.target_top_k, diagnostic_top_k=settings.mismatch_top_k)
     if pending:
-        _warm_up(cfg.run, model, decoder, drafter, baseline, pending[0], run_dir.path)
+        _warm_up(settings, model, decoder, drafter, baseline, pending[0], run_dir.path)
 
     bar = tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
-               desc=f"{drafter.name} vs ar" if cfg.run.baseline else drafter.name, dynamic_ncols=True)
+               desc=f"{drafter.name} vs ar" if settings.baseline else drafter.name, dynamic_ncols=True)
     live = LiveRate(bar)
     summary = run_dir.write_summary(header)
     try:
         for index, prompt in enumerate(pending):
-            decoders = [("method", drafter)] + ([("baseline", baseline)] if cfg.run.baseline else [])
-            if cfg.run.alternate_order and index % 2 == 1:
+            decoders = [("method", drafter)] + ([("baseline", baseline)] if settings.baseline else [])
+            if settings.alternate_order and index % 2 == 1:
                 decoders.reverse()
             answers = {}
             for role, which in decoders:
                 live.label = f"q{prompt.question_id} {which.name}"
-                answers[role] = answer_question(model, decoder, which, prompt, cfg.run.max_new_tokens, live)
-            method = answers["method"]
-            baseline_answer = answers.get("baseline")
-            identical = None if baseline_answer is None else method.token_ids == baseline_answer.token_ids
+                answers[role] = answer_question(model, decoder, which, prompt, settings.max_new_tokens, live)
+            method, baseline_answer = answers["method"], answers.get("baseline")
+            identical, mismatch = compare_with_baseline(method, baseline_answer, settings.tolerance(dtype),
+                                                        exact=sampling.greedy)
+            if mismatch is not None and mismatch.kind == "violation":
+                log.warning("question %s differs from the baseline beyond a near-tie: %s", prompt.question_id, mismatch)
             run_dir.add(
-                method.to_record(prompt, f"{model.name}-{drafter.name}", identical),
+                method.to_record(prompt, f"{model.name}-{drafter.name}", identical, mismatch),
                 None if baseline_answer is None else baseline_answer.to_record(prompt, f"{model.name}-ar", None),
                 method.step_rows(prompt.question_id),
             )
@@ -264,6 +242,14 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
     return summary
 
 
+def compare_with_baseline(method: Answer, baseline: Answer | None, tolerance: float, exact: bool):
+    """(identical, mismatch) of a method's answer against its baseline's; (None, None) without a baseline."""
+    if baseline is None:
+        return None, None
+    mismatch = diagnose(method.token_ids, baseline.token_ids, method.top, baseline.top, tolerance, exact=exact)
+    return method.token_ids == baseline.token_ids, mismatch
+
+
 def first_turn_ids(model: LoadedModel, prompt: Prompt) -> list[int]:
     prompt_ids = model.encode_conversation([prompt.turns[0]], [])
     if len(prompt_ids) >= model.max_context:
@@ -274,41 +260,44 @@ def first_turn_ids(model: LoadedModel, prompt: Prompt) -> list[int]:
     return prompt_ids
 
 
-def calibrate(run: DictConfig, model: LoadedModel, decoder: Decoder, prompt_ids: list[int]) -> dict[int, float]:
+def calibrate(settings: RunSettings, model: LoadedModel, decoder: Decoder, prompt_ids: list[int]) -> dict[int, float]:
     """Measure the target's verify latency per token count on ``prompt_ids`` and set up shape padding
     (run.verify_padding) and the draft budget (run.draft_budget) on ``decoder``; return the latencies."""
-    if run.verify_padding == "off" and run.draft_budget == "off":
+    if settings.verify_padding == "off" and settings.draft_budget == "off":
         return {}
-    sizes = calibration_sizes(min(run.max_draft_tokens + 1, model.max_context - len(prompt_ids)))
-    if run.draft_budget == "off":
-        sizes = [size for size in sizes if size <= run.verify_padding_max]
-    latencies = decoder.measure_verify_latency(prompt_ids, sizes, repeats=5)
-    if run.verify_padding == "auto":
-        padding_sizes = {size: latencies[size] for size in sizes if size <= run.verify_padding_max}
-        decoder.verify_shapes = VerifyShapes.from_latencies(padding_sizes, min_gain=run.verify_padding_min_gain)
-    if run.draft_budget == "auto":
-        cost = VerifyCost(latencies)
+    sizes = settings.calibration_grid(min(settings.max_draft_tokens + 1, model.max_context - len(prompt_ids)))
+    if settings.draft_budget == "off":
+        sizes = [size for size in sizes if size <= settings.verify_padding_max]
+    latencies = decoder.measure_verify_latency(prompt_ids, sizes, repeats=settings.calibration_repeats)
+    if settings.verify_padding == "auto":
+        padding_sizes = {size: latencies[size] for size in sizes if size <= settings.verify_padding_max}
+        decoder.verify_shapes = VerifyShapes.from_latencies(padding_sizes, min_gain=settings.verify_padding_min_gain)
+    if settings.draft_budget == "auto":
+        cost = VerifyCost(latencies, smoothing=settings.verify_cost_smoothing)
         shapes = decoder.verify_shapes
         decoder.verify_cost = cost
         decoder.draft_budget = DraftBudget(lambda counts: cost(shapes.padded_array(counts)),
-                                           prior_rate=run.draft_budget_prior, explore=run.draft_budget_explore,
-                                           memory=run.draft_budget_memory)
+                                           prior_rate=settings.draft_budget_prior, explore=settings.draft_budget_explore,
+                                           memory=settings.draft_budget_memory,
+                                           prior_weight=settings.draft_budget_prior_weight,
+                                           max_depth=settings.draft_budget_max_depth,
+                                           max_rank=settings.draft_budget_max_rank)
     return latencies
 
 
-def _warm_up(run: DictConfig, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:
+def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:
     """Decode untimed, so that lazy initialisation and caches do not land in the first question; then
     calibrate the decoder (verify latency per token count) and record what was measured."""
     prompt_ids = first_turn_ids(model, prompt)
-    budget = min(run.warmup_max_new_tokens, model.max_context - len(prompt_ids))
-    for _ in range(run.warmup_runs):
+    budget = min(settings.warmup_max_new_tokens, model.max_context - len(prompt_ids))
+    for _ in range(settings.warmup_runs):
         for which in (drafter, baseline):
             decoder.generate(prompt_ids, which, budget)
-    latencies = calibrate(run, model, decoder, prompt_ids)
+    latencies = calibrate(settings, model, decoder, prompt_ids)
     if latencies:
         padded = {size: decoder.verify_shapes.padded(size) for size in latencies
                   if decoder.verify_shapes.padded(size) != size}
         log.info("verify latency by tokens verified: %s; padding %s",
                  ", ".join(f"{size}:{seconds * 1000:.1f}ms" for size, seconds in latencies.items()), padded or "none")
         (run_path / "verify_latency.json").write_text(
-            json.dumps({"latency_s": latencies, "pad_to": padded}, indent=2) + "\n")
+            json.dumps({"latency_s": latencies, "pad_to": padded, "context_len": len(prompt_ids)}, indent=2) + "\n")

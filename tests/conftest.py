@@ -14,7 +14,7 @@ import torch
 from hydra.utils import instantiate
 
 from specbench.config import compose
-from specbench.drafters.base import Draft, Drafter
+from specbench.decoding.contract import Draft, Drafter
 from specbench.models import cache_root
 
 

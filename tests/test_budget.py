@@ -5,11 +5,11 @@ from conftest import ScriptedDrafter, greedy_reference
 from specbench.decoding.budget import (
     DraftBudget,
     VerifyCost,
-    calibration_sizes,
     node_kinds,
 )
 from specbench.decoding.loop import Decoder
 from specbench.decoding.tree import chain_parents
+from specbench.settings import RunSettings
 
 
 def test_verify_cost_interpolates_extrapolates_and_learns():
@@ -20,14 +20,18 @@ def test_verify_cost_interpolates_extrapolates_and_learns():
     assert cost(3) == pytest.approx(3.0)
     cost.observe(4, 3.5)  # a new size becomes a point of its own
     assert cost(4) == pytest.approx(3.5)
-    assert calibration_sizes(18) == list(range(1, 17)) + [18]
-    assert calibration_sizes(33)[-3:] == [28, 32, 33]
+    grid = RunSettings().calibration_grid
+    assert grid(18) == list(range(1, 17)) + [18]
+    assert grid(33)[-3:] == [28, 32, 33]
+    assert RunSettings(calibration_sizes=[4, 1, 2]).calibration_grid(3) == [1, 2, 3]
 
 
 def test_kinds_are_source_depth_and_sibling_rank():
     parents = np.array([-1, -1, 0, 0])
     kinds = node_kinds(parents, np.array([1, 1, 2, 2]), ("a", "b", "a", "a"))
     assert kinds == [("a", 1, 0), ("b", 1, 1), ("a", 2, 0), ("a", 2, 1)]
+    capped = node_kinds(parents, np.array([1, 1, 2, 2]), ("a", "b", "a", "a"), max_depth=1, max_rank=0)
+    assert capped == [("a", 1, 0), ("b", 1, 0), ("a", 1, 0), ("a", 1, 0)]
 
 
 def test_flat_cost_keeps_everything_and_steep_cost_keeps_nothing():

@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from specbench.records import STEP_COLUMNS, SUMMARY_KEYS
+from specbench.records import SCHEMA_VERSION, STEP_COLUMNS, SUMMARY_KEYS
 
 TINY = ["model=tiny-random", "run.max_new_tokens=24"]
 
@@ -51,13 +51,17 @@ def test_run_writes_every_record(finished_run):
     assert per_question == {a["question_id"]: sum(a["choices"][0]["new_tokens"]) for a in answers}
 
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["schema_version"] == 1
+    assert summary["schema_version"] == SCHEMA_VERSION
     assert summary["model"] == "tiny-random" and summary["drafter"] == "pld"
     assert {"torch", "transformers", "device", "dtype", "threads", "git_sha"} <= set(summary["environment"])
     assert list(summary["tasks"]) == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall"]
     for stats in summary["tasks"].values():
         assert set(stats) == set(SUMMARY_KEYS)
-    assert summary["tasks"]["overall"]["identical_to_baseline"] == 6
+    overall = summary["tasks"]["overall"]
+    assert (overall["identical_to_baseline"], overall["near_ties"], overall["violations"]) == (6, 0, 0)
+    assert all(record["specbench"]["mismatch"] is None for record in answers)
+    drafted = steps[steps.step > 0].candidate_tokens.sum()
+    assert sum(record["specbench"]["drafted_tokens"] for record in answers) == drafted > 0
     assert "overall" in result.stdout and "speedup" in result.stdout
 
 

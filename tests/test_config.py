@@ -8,7 +8,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import OmegaConf
 
 from specbench.config import compose, group_options
-from specbench.drafters.base import Drafter
+from specbench.decoding.contract import Drafter
 
 GROUPS = ("model", "drafter", "task", "run")
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -73,3 +73,22 @@ def test_every_experiment_composes_a_resumable_sweep(experiment):
         cfg = hydra_compose(config_name="config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
     assert experiment in cfg.hydra.sweep.dir and "${now" not in str(cfg.hydra.sweep.dir)
     assert cfg.hydra.sweeper.params
+
+
+def test_the_run_schema_and_the_run_config_have_the_same_keys():
+    """conf/run/default.yaml and specbench.settings.RunSettings must not drift apart."""
+    import dataclasses
+
+    from specbench.settings import RunSettings
+
+    node = OmegaConf.to_container(compose([]).run, resolve=True)
+    assert set(node) == {field.name for field in dataclasses.fields(RunSettings)}
+    assert RunSettings.from_config(node) == RunSettings()
+
+
+def test_unknown_run_keys_are_named():
+    from specbench.errors import SpecbenchError
+    from specbench.settings import RunSettings
+
+    with pytest.raises(SpecbenchError, match="unknown setting.*run.max_new_token;"):
+        RunSettings.from_config({"max_new_token": 5})

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 
 from specbench.config import compose, group_options
 from specbench.decoding.loop import Decoder, VerifyShapes
-from specbench.drafters.base import Draft, Drafter
+from specbench.decoding.contract import Draft, Drafter
 
 DRAFTERS = group_options("drafter")
 
@@ -153,7 +153,7 @@ def test_tree_drafts_keep_the_right_branch_and_stay_lossless(tiny, prompt_ids):
 def test_tree_forward_scores_each_branch_like_a_plain_chain(tiny, prompt_ids):
     """One forward pass over a two-branch tree gives the logits of each branch decoded on its own."""
     from specbench.decoding.kv_cache import TreeKVCache
-    from specbench.decoding.tree import node_parents
+    from specbench.decoding.plan import plan_verification, verification_inputs
 
     model = tiny.model
     ids = prompt_ids[0]
@@ -162,9 +162,9 @@ def test_tree_forward_scores_each_branch_like_a_plain_chain(tiny, prompt_ids):
     with torch.inference_mode():
         cache = TreeKVCache(decoder.num_layers, 128)
         decoder._prefill(cache, np.array(ids[:-1]))
-        parents = node_parents(np.array([-1, 0, 1, -1, 3]))
-        node_tokens = np.array([ids[-1], *branch_a, *branch_b])
-        inputs = decoder._verification_inputs(node_tokens, parents, cache.length)
+        draft = Draft(torch.tensor([*branch_a, *branch_b]), parents=torch.tensor([-1, 0, 1, -1, 3]))
+        plan = plan_verification(draft, ids[-1], max_depth=10, max_nodes=64)
+        inputs = verification_inputs(plan, cache.length, plan.n_nodes, torch.device("cpu"))
         tree_logits = model(input_ids=inputs[0], position_ids=inputs[1], attention_mask=inputs[2], cache=cache).logits[0]
         for branch, rows in ((branch_a, [0, 1, 2, 3]), (branch_b, [0, 4, 5])):
             chain = model(input_ids=torch.tensor([ids + branch])).logits[0, len(ids) - 1:]

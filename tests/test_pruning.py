@@ -112,11 +112,11 @@ def test_a_rejected_draft_is_rolled_back_exactly(tiny, prompt_ids):
 
 
 def test_target_answers_are_generated_once_and_cached(tiny, tmp_path, monkeypatch):
-    from specbench.datastores import build
+    import specbench.target_answers as answers_module
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Name three colours."}\n{"prompt": "Count to five."}\n')
-    pairs = build.target_answers(tiny, str(prompts), max_new_tokens=12, batch_size=2, cache_dir=str(tmp_path))
+    pairs = answers_module.target_answers(tiny, str(prompts), max_new_tokens=12, batch_size=2, cache_dir=str(tmp_path))
     assert len(pairs) == 2
     for (prompt_ids, answer_ids), text in zip(pairs, ["Name three colours.", "Count to five."]):
         assert prompt_ids == tiny.encode_conversation([text], [])
@@ -126,17 +126,17 @@ def test_target_answers_are_generated_once_and_cached(tiny, tmp_path, monkeypatc
     def no_generation(*args, **kwargs):
         raise AssertionError("answers were generated again instead of read from the cache")
 
-    monkeypatch.setattr(build, "generate_answers", no_generation)
-    assert build.target_answers(tiny, str(prompts), max_new_tokens=12, cache_dir=str(tmp_path)) == pairs
+    monkeypatch.setattr(answers_module, "generate_answers", no_generation)
+    assert answers_module.target_answers(tiny, str(prompts), max_new_tokens=12, cache_dir=str(tmp_path)) == pairs
 
 
 def test_distilling_on_the_target_answers(tiny, tmp_path, monkeypatch):
-    from specbench.datastores import build
+    import specbench.target_answers as answers_module
     from specbench.pruning import TARGET_ANSWERS
 
     rng = np.random.default_rng(1)
     conversations = [(rng.integers(0, 256, 40).tolist(), rng.integers(0, 256, 60).tolist()) for _ in range(6)]
-    monkeypatch.setattr(build, "target_answers", lambda target: conversations)
+    monkeypatch.setattr(answers_module, "target_answers", lambda target: conversations)
     manifest = build_pruned_draft(tiny, tmp_path / "draft", 1, "first", 32 * 8 * 3, TARGET_ANSWERS, block_size=32)
     assert manifest["distill"]["corpus"] == TARGET_ANSWERS and manifest["distill"]["kl_first"] is not None
 

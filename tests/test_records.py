@@ -4,9 +4,18 @@ import pandas as pd
 import pytest
 
 from specbench.data import Prompt
-from specbench.decoding.loop import StepRecord
 from specbench.errors import SpecbenchError
-from specbench.records import Answer, RunDirectory, format_summary_table, summarize
+from specbench.mismatch import Mismatch
+from specbench.records import (
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    Answer,
+    RunDirectory,
+    StepRecord,
+    format_summary_table,
+    summarize,
+    violation_report,
+)
 
 
 def answer(tokens_per_turn, seconds_per_turn, accepted):
@@ -14,15 +23,16 @@ def answer(tokens_per_turn, seconds_per_turn, accepted):
     for tokens, seconds in zip(tokens_per_turn, seconds_per_turn):
         result.texts.append("x")
         result.token_ids.append(list(range(tokens)))
-        steps = [StepRecord(i, 0, 1, n, 0.0, 0.01, 0.0, 10 + i) for i, n in enumerate(accepted)]
+        steps = [StepRecord(i, n + 1, 1, n, 0.0, 0.01, 0.0, 10 + i, candidate_tokens=n + 1 if i else 0)
+                 for i, n in enumerate(accepted)]
         result.steps.append(steps)
         result.wall_times.append(seconds)
     return result
 
 
-def record(question_id, task, tokens, seconds, accepted, identical=True, category=None):
+def record(question_id, task, tokens, seconds, accepted, identical=True, category=None, mismatch=None):
     prompt = Prompt(question_id, category or task, task, ("q",) * len(tokens))
-    return answer(tokens, seconds, accepted).to_record(prompt, "m", identical)
+    return answer(tokens, seconds, accepted).to_record(prompt, "m", identical, mismatch)
 
 
 def test_summary_averages_per_question_speeds_like_spec_bench():
@@ -34,7 +44,9 @@ def test_summary_averages_per_question_speeds_like_spec_bench():
     assert qa["baseline_tokens_per_s"] == pytest.approx(37.5)  # mean(50, 25)
     assert qa["speedup"] == pytest.approx(2.0)
     assert qa["mean_accepted_tokens"] == pytest.approx((1 + 3 + 3 + 1 + 1) / 5)
-    assert qa["identical_to_baseline"] == 2
+    assert qa["identical_to_baseline"] == 2 and qa["near_ties"] == 0 and qa["violations"] == 0
+    # drafted: steps 1.. verify accepted + 1 candidates each: (4 + 4) + 2 = 10; accepted drafts: 2 + 2 + 0
+    assert qa["acceptance_rate"] == pytest.approx(4 / 10)
     assert tasks["overall"]["questions"] == 2
     assert "qa" in format_summary_table({"tasks": tasks})
 
@@ -52,7 +64,34 @@ def test_records_follow_spec_bench_model_answer_schema():
     assert choice["wall_time"] == [0.5, 0.25]
     assert choice["decoding_steps"] == [2, 2]
     assert choice["accept_lengths"] == [1, 2, 1, 2]
-    assert line["specbench"] == {"task": "mt_bench", "identical_to_baseline": True}
+    assert line["specbench"] == {"task": "mt_bench", "identical_to_baseline": True, "drafted_tokens": 6,
+                                 "mismatch": None}
+
+
+def test_step_columns_are_pinned_to_the_schema_version():
+    """A change to StepRecord changes steps.parquet: it must come with a new SCHEMA_VERSION (add it here)."""
+    columns_by_version = {
+        2: ["question_id", "turn", "step", "draft_tokens", "verify_tokens", "accepted_tokens", "draft_s", "verify_s",
+            "overhead_s", "context_len", "draft_depth", "source", "candidate_tokens"],
+    }
+    assert STEP_COLUMNS == columns_by_version[SCHEMA_VERSION]
+
+
+def test_near_ties_and_violations_are_counted_and_violations_reported():
+    near = Mismatch(0, 5, 11, 12, 0.01, 0.02, "near_tie")
+    bad = Mismatch(0, 3, 40, 41, -2.5, 3.0, "violation")
+    method = [record(1, "qa", [10], [1.0], [1, 2]), record(2, "qa", [10], [1.0], [1, 2], False, mismatch=near),
+              record(3, "rag", [10], [1.0], [1, 2], False, mismatch=bad)]
+    baseline = [record(i, task, [10], [2.0], [1], None) for i, task in ((1, "qa"), (2, "qa"), (3, "rag"))]
+    tasks = summarize(method, baseline)
+    assert (tasks["qa"]["identical_to_baseline"], tasks["qa"]["near_ties"], tasks["qa"]["violations"]) == (1, 1, 0)
+    assert (tasks["overall"]["identical_to_baseline"], tasks["overall"]["near_ties"],
+            tasks["overall"]["violations"]) == (1, 1, 1)
+    table = format_summary_table({"tasks": tasks})
+    assert "1/1/1" in table.splitlines()[-2]  # the overall row
+    report = violation_report({"tasks": tasks}, method)
+    assert "VIOLATION" in report and "question 3" in report and "method 40 vs baseline 41" in report
+    assert violation_report({"tasks": tasks}, method[:2]) is None
 
 
 def add_question(run_dir, question_id):

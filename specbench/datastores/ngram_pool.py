@@ -53,6 +53,18 @@ class NGramPool:
             for key_length in range(1, min(self.key_tokens, key_end) + 1):
                 self.add(tuple(values[key_end - key_length : key_end]), continuation)
 
+    def add_new_tokens(self, tail: np.ndarray, new_tokens: np.ndarray, keep: int) -> np.ndarray:
+        """Add the n-grams that end in ``new_tokens``, which follow ``tail`` (the context's last tokens so
+        far); return the new tail, the last ``keep`` tokens of both, which is all later calls need when
+        ``keep`` >= key_tokens + continuation_length.
+
+        Example with key_tokens=1, continuation_length=2: tail [7 8], new_tokens [9 10], keep=3 adds
+        (7,) -> (8, 9) and (8,) -> (9, 10) and returns [8 9 10].
+        """
+        tokens = np.concatenate((tail, new_tokens))
+        self.add_sequence(tokens, first_end=tail.size)
+        return tokens[-keep:]
+
     def lookup(self, context: np.ndarray, limit: int) -> list[tuple[int, ...]]:
         """Up to ``limit`` distinct continuations of ``context``: longest key first, most recent first."""
         found: list[tuple[int, ...]] = []

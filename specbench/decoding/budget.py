@@ -44,22 +44,16 @@ class VerifyCost:
         return result
 
 
-def calibration_sizes(largest: int) -> list[int]:
-    """Token counts worth measuring up to ``largest``: every size to 16, then a sparser grid."""
-    grid = list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128]
-    sizes = [size for size in grid if size <= largest]
-    return sizes if sizes[-1] == largest else sizes + [largest]
-
-
-def node_kinds(parents: np.ndarray, depths: np.ndarray, sources) -> list[tuple]:
+def node_kinds(parents: np.ndarray, depths: np.ndarray, sources, max_depth: int = 12, max_rank: int = 3) -> list[tuple]:
     """A kind per draft node (draft numbering): (source label, depth, rank among its siblings), the features
-    acceptance is estimated by. Depth and rank are capped so that rare deep nodes share estimates."""
+    acceptance is estimated by. Depth and rank are capped at ``max_depth`` and ``max_rank`` so that rare deep
+    nodes share estimates."""
     seen_children: dict[int, int] = {}
     kinds = []
     for node, parent in enumerate(parents.tolist()):
         rank = seen_children.get(parent, 0)
         seen_children[parent] = rank + 1
-        kinds.append((sources[node] if sources else "", min(int(depths[node]), 12), min(rank, 3)))
+        kinds.append((sources[node] if sources else "", min(int(depths[node]), max_depth), min(rank, max_rank)))
     return kinds
 
 
@@ -73,13 +67,19 @@ class DraftBudget:
     """
 
     def __init__(self, cost, prior_rate: float = 0.5, explore: float = 0.3, memory: float = 50.0,
-                 prior_weight: float = 2.0):
+                 prior_weight: float = 2.0, max_depth: int = 12, max_rank: int = 3):
         self.cost = cost  # callable: array of token counts to verify -> seconds (shape padding included)
         self.prior_rate = prior_rate
         self.explore = explore
         self.prior_weight = prior_weight
         self.memory = memory  # past this many trials a kind's counts are halved, so estimates can move
+        self.max_depth = max_depth
+        self.max_rank = max_rank
         self.counts: dict[str, dict[tuple, list[float]]] = {}
+
+    def kinds(self, parents: np.ndarray, depths: np.ndarray, sources) -> list[tuple]:
+        """``node_kinds`` with this budget's caps."""
+        return node_kinds(parents, depths, sources, self.max_depth, self.max_rank)
 
     def rates(self, drafter: str, kinds: list[tuple]) -> np.ndarray:
         table = self.counts.setdefault(drafter, {})

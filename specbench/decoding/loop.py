@@ -1,79 +1,79 @@
-"""The one decoding loop that every method runs through, the autoregressive baseline included."""
+"""The one decoding loop that every method runs through, the autoregressive baseline included.
+
+Each step is draft, verify, accept, record; every phase boundary is a fenced clock read (the device is
+synchronised first), so a phase's time holds exactly the work done in it:
+
+    draft_s     drafter.propose and drafter.accept (a model drafter's device work included)
+    verify_s    the target's forward pass over the planned nodes, up to its choices being on the host
+    overhead_s  planning the step (cuts, draft budget), building the inputs, the acceptance walk, the KV-cache
+                compaction, the draft budget's bookkeeping
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from specbench.decoding.budget import DraftBudget, node_kinds
+from specbench.decoding.budget import DraftBudget, VerifyCost
+from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.kv_cache import TreeKVCache
-from specbench.decoding.sampling import (
-    Sampling,
-    draw,
-    sampled_accepted_path,
-    target_distribution,
-)
-from specbench.decoding.tree import (
-    ancestor_matrix,
-    chain_parents,
-    greedy_accepted_path,
-    node_depths,
-    node_parents,
-    reindex_parents,
-    select_nodes,
-)
-from specbench.drafters.base import Draft, Drafter, StepOutcome
+from specbench.decoding.plan import VerifyPlan, plan_verification, verification_inputs
+from specbench.decoding.sampling import Sampling, draw, sampled_accepted_path, target_distribution
+from specbench.decoding.tree import chain_parents, greedy_accepted_path, node_parents
+from specbench.records import StepRecord
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    """Timings and counts of one decoding step. Step 0 is the prefill, which yields the first token.
+class FencedClock:
+    """``read()`` waits for the device's queued work, then reads ``time.perf_counter()``: on a GPU, kernels run
+    asynchronously, and an unfenced read would bill their time to whichever later read waits first."""
 
-    draft_tokens:    draft tokens verified (after the cut to the remaining budget), non-candidates included.
-    verify_tokens:   tokens in the target's forward pass: last committed token + draft + shape padding
-                     (for the prefill: the prompt length).
-    accepted_tokens: tokens appended to the output, the bonus token included.
-    draft_s:         time in the drafter (propose and accept).
-    verify_s:        time in the target's forward pass, up to reading its choices back on the host.
-    overhead_s:      everything else the loop does in the step (building inputs, acceptance, cache upkeep).
-    context_len:     prompt + generated tokens before the step.
-    draft_depth:     longest path of candidate draft tokens verified (a chain's length); with accepted_tokens
-                     it gives the acceptance per draft position.
-    source:          label of the last accepted draft token (Draft.sources), "" when none was accepted or
-                     the drafter gives no labels.
-    """
+    def __init__(self, synchronize: Callable[[], None], now: Callable[[], float] = time.perf_counter):
+        self.synchronize = synchronize
+        self.now = now
 
-    step: int
-    draft_tokens: int
-    verify_tokens: int
-    accepted_tokens: int
-    draft_s: float
-    verify_s: float
-    overhead_s: float
-    context_len: int
-    draft_depth: int = 0
-    source: str = ""
+    @staticmethod
+    def for_device(device: torch.device) -> FencedClock:
+        if device.type == "cuda":
+            return FencedClock(lambda: torch.cuda.synchronize(device))
+        return FencedClock(lambda: None)  # CPU work is done when the call returns
+
+    def read(self) -> float:
+        self.synchronize()
+        return self.now()
 
 
 @dataclass
 class Generation:
-    """The result of decoding one prompt."""
+    """The result of decoding one prompt.
+
+    token_ids:  the generated tokens.
+    steps:      one record per step (step 0 = the prefill).
+    top_ids:    [len(token_ids), k] the target's k highest-scoring tokens at each generated position, under
+                the forward pass that settled it; ``top_logits`` holds their logits. They explain a divergence
+                from another decode of the same prompt (``specbench.mismatch``).
+    """
 
     token_ids: list[int]
     steps: list[StepRecord] = field(default_factory=list)
     wall_s: float = 0.0
     finish_reason: str = "length"
+    top_ids: np.ndarray | None = None
+    top_logits: np.ndarray | None = None
 
 
-def draft_depth(parents: np.ndarray, candidates: np.ndarray | None) -> int:
-    """Depth of the deepest candidate node (node numbering), 0 for an empty draft."""
-    if parents.size == 1:
-        return 0
-    depths = node_depths(parents)
-    return int(depths.max() if candidates is None else depths[candidates].max())
+@dataclass(frozen=True)
+class TargetChoices:
+    """What one forward pass of the target says, on the host: per verified node its argmax and its top
+    ``k`` tokens with their logits (best first). ``logits`` stays on the device for sampling."""
+
+    argmax: np.ndarray  # [n_nodes]
+    top_ids: np.ndarray  # [n_nodes, k]
+    top_logits: np.ndarray  # [n_nodes, k]
+    logits: torch.Tensor  # [n_nodes, vocab]
 
 
 class VerifyShapes:
@@ -111,6 +111,54 @@ class VerifyShapes:
         return VerifyShapes(pad_to)
 
 
+def cut_at_eos(tokens: list[int], eos_token_ids: frozenset[int]) -> tuple[list[int], bool]:
+    """``tokens`` up to and including the first EOS token, and whether there was one."""
+    for index, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tokens[: index + 1], True
+    return tokens, False
+
+
+class _Sequence:
+    """The growing context of one decode: prompt + generated tokens in a preallocated buffer, the target's KV
+    cache, and the target's top-k per generated token."""
+
+    def __init__(self, prompt: np.ndarray, headroom: int, num_layers: int):
+        self.prompt = prompt
+        self.buffer = np.empty(prompt.size + headroom, dtype=np.int64)
+        self.buffer[: prompt.size] = prompt
+        self.length = prompt.size
+        self.cache = TreeKVCache(num_layers, self.buffer.size)
+        self.tokens: list[int] = []
+        self.top_ids: list[np.ndarray] = []
+        self.top_logits: list[np.ndarray] = []
+        self.ended = False
+
+    @property
+    def context(self) -> np.ndarray:
+        """Prompt + generated tokens (a view: drafters must not keep or modify it)."""
+        return self.buffer[: self.length]
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def last_token(self) -> int:
+        return int(self.buffer[self.length - 1])
+
+    def last(self, count: int) -> np.ndarray:
+        return self.buffer[self.length - count : self.length]
+
+    def append(self, tokens: list[int], ended: bool, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
+        self.buffer[self.length : self.length + len(tokens)] = tokens
+        self.length += len(tokens)
+        self.tokens.extend(tokens)
+        self.top_ids.append(top_ids)
+        self.top_logits.append(top_logits)
+        self.ended = ended
+
+
 class Decoder:
     """Runs prefill + draft/verify steps on a target model.
 
@@ -118,6 +166,10 @@ class Decoder:
     the target's own argmax given all tokens before it. Sampling: every appended token is distributed exactly
     as plain sampling from the target would draw it (see ``specbench.decoding.sampling``). A drafter only
     changes how many tokens one forward pass settles.
+
+    target_top_k: how many of the target's best tokens per verified node ``StepOutcome.target_top_ids`` carries
+                  (0: none). The generation keeps max(target_top_k, diagnostic_top_k) per generated token.
+    clock:        the fenced clock of the phase boundaries (default: the model's device's).
     """
 
     def __init__(
@@ -127,25 +179,27 @@ class Decoder:
         max_draft_tokens: int,
         verify_shapes: VerifyShapes | None = None,
         draft_budget: DraftBudget | None = None,
-        verify_cost=None,
+        verify_cost: VerifyCost | None = None,
         sampling: Sampling | None = None,
+        target_top_k: int = 0,
+        diagnostic_top_k: int = 8,
+        clock: FencedClock | None = None,
     ):
         self.model = model
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_draft_tokens = int(max_draft_tokens)
         self.verify_shapes = verify_shapes or VerifyShapes()
         self.draft_budget = draft_budget
-        self.verify_cost = verify_cost  # a VerifyCost that learns from the step timings, if given
+        self.verify_cost = verify_cost  # learns from the step timings, if given
         self.sampling = sampling or Sampling()
+        self.target_top_k = int(target_top_k)
+        self.top_k = max(self.target_top_k, int(diagnostic_top_k), 2)  # 2: the argmax needs a tie check
         self.device = next(model.parameters()).device
+        self.clock = clock or FencedClock.for_device(self.device)
         self.num_layers = model.config.get_text_config().num_hidden_layers
         if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "flash_attention_2"):
             # A boolean 4-D mask means "may attend" to SDPA; eager attention would add it as a bias.
             raise ValueError("the target model must use SDPA attention for tree verification")
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int, on_step=None,
@@ -153,177 +207,148 @@ class Decoder:
         """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after an EOS token.
 
         on_step: optional ``callable(tokens_generated, seconds_elapsed)`` called after every step, for
-        progress display; it should return quickly, since its time counts in the wall time.
+        progress display; it should return quickly, since its time counts in the wall time (not in a phase).
         seed: seed of this decode's random draws when sampling (default: the sampling config's seed).
         """
         generator = torch.Generator(device=self.device)
         generator.manual_seed(self.sampling.seed if seed is None else seed)
-        clock = time.perf_counter
-        prompt = np.asarray(prompt_ids, dtype=np.int64)
-        capacity = prompt.size + max_new_tokens + self.max_draft_tokens + 1
-        context = np.empty(capacity, dtype=np.int64)
-        context[: prompt.size] = prompt
-        length = prompt.size
-        cache = TreeKVCache(self.num_layers, capacity)
-        generation = Generation(token_ids=[])
-
-        self._synchronize()
-        started = clock()
-        drafter.begin(prompt)
-        after_begin = clock()
-        first = self._prefill(cache, prompt, generator)
-        after_prefill = clock()
-        context[length] = first
-        length += 1
-        drafter.accept(context[length - 1 : length], StepOutcome(Draft.empty(), np.array([first]), ()))
-        done = clock()
-        generation.token_ids.append(first)
-        generation.steps.append(
-            StepRecord(step=0, draft_tokens=0, verify_tokens=prompt.size, accepted_tokens=1,
-                       draft_s=(after_begin - started) + (done - after_prefill), verify_s=after_prefill - after_begin,
-                       overhead_s=0.0, context_len=prompt.size)
-        )
-        if first in self.eos_token_ids:
-            generation.finish_reason = "eos"
-
-        step = 0
-        while generation.finish_reason != "eos" and len(generation.token_ids) < max_new_tokens:
-            step += 1
-            step_started = clock()
-            draft = drafter.propose(context[:length])
-            drafted = clock()
-
-            # The step may add at most `remaining` tokens, one of which is the bonus token.
-            remaining = max_new_tokens - len(generation.token_ids)
-            kept, draft_tokens, draft_parents, candidates, kinds = self._fit(draft, remaining - 1, drafter.name)
-            parents = node_parents(draft_parents)
-            node_tokens = np.concatenate(([context[length - 1]], draft_tokens))
-            start = cache.length
-            inputs = self._verification_inputs(node_tokens, parents, start)
-            built = clock()
-
-            logits = self._forward(cache, *inputs)[: parents.size]
-            target_tokens = logits.argmax(dim=-1).cpu().numpy()
-            if self.sampling.greedy:
-                path = greedy_accepted_path(parents, node_tokens, target_tokens, candidates)
-                final = int(target_tokens[path[-1] if path else 0])
-            else:
-                draft_probs = None if draft.probs is None else draft.probs[torch.from_numpy(kept).to(draft.probs.device)]
-                path, final = sampled_accepted_path(parents, node_tokens, target_distribution(logits, self.sampling),
-                                                    draft_probs, candidates, generator)
-            verified = clock()
-            if self.verify_cost is not None:
-                self.verify_cost.observe(int(inputs[0].shape[1]), verified - built)
-            new_tokens = [int(t) for t in node_tokens[path]] + [final]
-            for cut, token in enumerate(new_tokens):
-                if token in self.eos_token_ids:
-                    new_tokens = new_tokens[: cut + 1]
-                    generation.finish_reason = "eos"
-                    break
-            cache.keep_nodes(start, [0, *path])
-            context[length : length + len(new_tokens)] = new_tokens
-            length += len(new_tokens)
-            generation.token_ids.extend(new_tokens)
-            accepted_nodes = tuple(int(kept[node - 1]) for node in path)
-            if kinds is not None:
-                self.draft_budget.observe(drafter.name, draft_parents, kinds,
-                                          None if candidates is None else candidates[1:], [node - 1 for node in path])
-            source = draft.sources[accepted_nodes[-1]] if accepted_nodes and draft.sources else ""
-            if kept.size == len(draft):
-                all_target_tokens = target_tokens
-            else:
-                all_target_tokens = np.full(len(draft) + 1, -1, dtype=target_tokens.dtype)
-                all_target_tokens[0] = target_tokens[0]
-                all_target_tokens[kept + 1] = target_tokens[1:]
-            bookkept = clock()
-
-            drafter.accept(context[length - len(new_tokens) : length],
-                           StepOutcome(draft, all_target_tokens, accepted_nodes))
-            step_done = clock()
-
-            generation.steps.append(
-                StepRecord(
-                    step=step,
-                    draft_tokens=int(draft_tokens.size),
-                    verify_tokens=int(inputs[0].shape[1]),
-                    accepted_tokens=len(new_tokens),
-                    draft_s=(drafted - step_started) + (step_done - bookkept),
-                    verify_s=verified - built,
-                    overhead_s=(built - drafted) + (bookkept - verified),
-                    context_len=length - len(new_tokens),
-                    draft_depth=draft_depth(parents, candidates),
-                    source=source,
-                )
-            )
+        sequence = _Sequence(np.asarray(prompt_ids, dtype=np.int64), max_new_tokens + self.max_draft_tokens + 1,
+                             self.num_layers)
+        started = self.clock.read()
+        steps = [self._prefill_step(sequence, drafter, generator)]
+        while not sequence.ended and sequence.generated < max_new_tokens:
+            steps.append(self._step(len(steps), sequence, drafter, max_new_tokens - sequence.generated, generator))
             if on_step is not None:
-                on_step(len(generation.token_ids), clock() - started)
-        generation.wall_s = clock() - started
-        return generation
+                on_step(sequence.generated, self.clock.now() - started)
+        wall_s = self.clock.read() - started
+        return Generation(token_ids=sequence.tokens, steps=steps, wall_s=wall_s,
+                          finish_reason="eos" if sequence.ended else "length",
+                          top_ids=np.concatenate(sequence.top_ids), top_logits=np.concatenate(sequence.top_logits))
 
-    def _fit(self, draft: Draft, max_depth: int, drafter_name: str):
-        """The part of the draft to verify: (kept indices into the draft, their tokens, their parents in the
-        kept numbering, candidate flags in node numbering or None, their kinds for the draft budget or None).
-        Candidate paths are cut to ``max_depth`` tokens, the draft to ``max_draft_tokens`` nodes, and then,
-        with a draft budget, to the nodes worth their verification time."""
-        tokens = draft.token_ids.numpy()
-        if self.draft_budget is None and draft.parents is None and draft.candidates is None:
-            count = min(tokens.size, max_depth, self.max_draft_tokens)
-            return np.arange(count), tokens[:count], chain_parents(count), None, None
-        parents = draft.parents.numpy() if draft.parents is not None else chain_parents(tokens.size)
-        candidates = draft.candidates.numpy() if draft.candidates is not None else None
-        kept = select_nodes(parents, candidates, max_depth, self.max_draft_tokens)
-        kinds = None
-        if self.draft_budget is not None and kept.size:
-            all_kinds = node_kinds(parents, node_depths(node_parents(parents))[1:], draft.sources)
-            chosen = self.draft_budget.select(drafter_name, reindex_parents(parents, kept),
-                                              [all_kinds[i] for i in kept],
-                                              None if candidates is None else candidates[kept])
-            kept = kept[chosen]
-            kinds = [all_kinds[i] for i in kept]
-        if kept.size < tokens.size:
-            tokens, parents = tokens[kept], reindex_parents(parents, kept)
-            candidates = None if candidates is None else candidates[kept]
-        node_candidates = None if candidates is None else np.concatenate(([True], candidates))
-        return kept, tokens, parents, node_candidates, kinds
+    def _prefill_step(self, sequence: _Sequence, drafter: Drafter, generator) -> StepRecord:
+        """Step 0: the drafter meets the prompt, the target reads it and picks the first token."""
+        read = self.clock.read
+        started = read()
+        drafter.begin(sequence.prompt)
+        began = read()
+        choices = self._prefill(sequence.cache, sequence.prompt)
+        prefilled = read()
+        first = int(choices.argmax[0]) if self.sampling.greedy else draw(
+            target_distribution(choices.logits, self.sampling)[0], generator)
+        self._append(sequence, [first], choices, [0])
+        picked = read()
+        drafter.accept(sequence.last(1), StepOutcome(step=0, draft=Draft.empty(), target_tokens=choices.argmax,
+                                                     accepted_nodes=(), target_top_ids=self._top_for_drafter(choices)))
+        done = read()
+        return StepRecord(step=0, draft_tokens=0, verify_tokens=sequence.prompt.size, accepted_tokens=1,
+                          draft_s=(began - started) + (done - picked), verify_s=prefilled - began,
+                          overhead_s=picked - prefilled, context_len=sequence.prompt.size)
 
-    def _verification_inputs(self, node_tokens: np.ndarray, parents: np.ndarray, start: int):
-        """input ids [1, q], position ids [1, q] and the boolean attention mask [1, 1, q, start + q] for the
-        root + draft nodes, padded to the verify shape with copies of the root that nothing attends to."""
-        n_nodes = parents.size
-        size = self.verify_shapes.padded(n_nodes)
-        tokens = np.empty(size, dtype=np.int64)
-        tokens[:n_nodes] = node_tokens
-        tokens[n_nodes:] = node_tokens[0]
-        positions = np.full(size, start, dtype=np.int64)
-        positions[:n_nodes] += node_depths(parents)
-        visible = np.zeros((size, size), dtype=bool)
-        visible[:n_nodes, :n_nodes] = ancestor_matrix(parents)
-        visible[np.arange(n_nodes, size), np.arange(n_nodes, size)] = True
-        mask = torch.ones((1, 1, size, start + size), dtype=torch.bool)
-        mask[0, 0, :, start:] = torch.from_numpy(visible)
-        return (
-            torch.from_numpy(tokens).to(self.device).unsqueeze(0),
-            torch.from_numpy(positions).to(self.device).unsqueeze(0),
-            mask.to(self.device),
+    def _step(self, step: int, sequence: _Sequence, drafter: Drafter, remaining: int, generator) -> StepRecord:
+        """One decoding step: draft, verify, accept, record. It adds at most ``remaining`` tokens, the last of
+        which is the target's own (the bonus token)."""
+        read = self.clock.read
+        step_started = read()
+        draft = drafter.propose(sequence.context)
+        drafted = read()
+
+        plan = plan_verification(draft, sequence.last_token, remaining - 1, self.max_draft_tokens,
+                                 self.draft_budget, drafter.name)
+        start = sequence.cache.length
+        verify_tokens = self.verify_shapes.padded(plan.n_nodes)
+        inputs = verification_inputs(plan, start, verify_tokens, self.device)
+        built = read()
+
+        choices = self._verify(sequence.cache, inputs, plan.n_nodes)
+        verified = read()
+
+        path, final = self._accept(plan, choices, draft, generator)
+        context_len = sequence.length
+        new_tokens = self._append(sequence, [int(t) for t in plan.node_tokens[path]] + [final], choices, [0, *path])
+        sequence.cache.keep_nodes(start, [0, *path])
+        self._learn_costs(drafter.name, plan, path, verify_tokens, verified - built)
+        outcome = self._outcome(step, draft, plan, choices, path)
+        bookkept = read()
+
+        drafter.accept(sequence.last(len(new_tokens)), outcome)
+        step_done = read()
+
+        return StepRecord(
+            step=step, draft_tokens=plan.n_nodes - 1, candidate_tokens=plan.candidate_tokens(),
+            verify_tokens=verify_tokens, accepted_tokens=len(new_tokens),
+            draft_s=(drafted - step_started) + (step_done - bookkept), verify_s=verified - built,
+            overhead_s=(built - drafted) + (bookkept - verified), context_len=context_len,
+            draft_depth=plan.candidate_depth(),
+            source=draft.sources[outcome.accepted_nodes[-1]] if outcome.accepted_nodes and draft.sources else "",
         )
 
-    def _prefill(self, cache: TreeKVCache, prompt: np.ndarray, generator: torch.Generator | None = None) -> int:
+    def _append(self, sequence: _Sequence, tokens: list[int], choices: TargetChoices, deciding_nodes: list[int]):
+        """Append ``tokens`` (cut after an EOS) with the top-k of the node whose output settled each one."""
+        tokens, ended = cut_at_eos(tokens, self.eos_token_ids)
+        rows = deciding_nodes[: len(tokens)]
+        sequence.append(tokens, ended, choices.top_ids[rows], choices.top_logits[rows])
+        return tokens
+
+    def _learn_costs(self, drafter_name: str, plan: VerifyPlan, path: list[int], verify_tokens: int,
+                     verify_s: float) -> None:
+        """Feed the step's verify time and acceptance to the draft budget's models, when there is a budget."""
+        if self.verify_cost is not None:
+            self.verify_cost.observe(verify_tokens, verify_s)
+        if plan.kinds is not None:
+            self.draft_budget.observe(drafter_name, plan.draft_parents, plan.kinds,
+                                      None if plan.candidates is None else plan.candidates[1:],
+                                      [node - 1 for node in path])
+
+    def _accept(self, plan: VerifyPlan, choices: TargetChoices, draft: Draft, generator) -> tuple[list[int], int]:
+        """The accepted path (node indices, root excluded) and the token the target adds after it."""
+        if self.sampling.greedy:
+            path = greedy_accepted_path(plan.parents, plan.node_tokens, choices.argmax, plan.candidates)
+            return path, int(choices.argmax[path[-1] if path else 0])
+        draft_probs = None
+        if draft.probs is not None:
+            draft_probs = draft.probs[torch.from_numpy(plan.draft_indices).to(draft.probs.device)]
+        return sampled_accepted_path(plan.parents, plan.node_tokens, target_distribution(choices.logits, self.sampling),
+                                     draft_probs, plan.candidates, generator)
+
+    def _outcome(self, step: int, draft: Draft, plan: VerifyPlan, choices: TargetChoices, path: list[int]) -> StepOutcome:
+        """The step as the drafter sees it, in its own (draft) numbering."""
+        top = self._top_for_drafter(choices)
+        return StepOutcome(step=step, draft=draft, target_tokens=plan.scatter(choices.argmax),
+                           accepted_nodes=tuple(plan.to_draft(node) for node in path),
+                           target_top_ids=None if top is None else plan.scatter(top))
+
+    def _top_for_drafter(self, choices: TargetChoices) -> np.ndarray | None:
+        return choices.top_ids[:, : self.target_top_k] if self.target_top_k else None
+
+    def _choices(self, logits: torch.Tensor) -> TargetChoices:
+        """Read the target's choices back to the host. One top-k pass serves both the argmax and the
+        diagnostics; where the two best logits tie exactly, topk's order is unspecified, so those rows take
+        argmax's (the first best index, as plain greedy decoding picks)."""
+        top_logits, top_ids = logits.topk(self.top_k, dim=-1)
+        top_ids, top_logits = top_ids.cpu().numpy(), top_logits.float().cpu().numpy()
+        argmax = top_ids[:, 0].copy()
+        tied = np.flatnonzero(top_logits[:, 0] == top_logits[:, 1])
+        if tied.size:
+            argmax[tied] = logits[torch.from_numpy(tied).to(logits.device)].argmax(dim=-1).cpu().numpy()
+        return TargetChoices(argmax=argmax, top_ids=top_ids, top_logits=top_logits, logits=logits)
+
+    def _prefill(self, cache: TreeKVCache, prompt: np.ndarray) -> TargetChoices:
         input_ids = torch.from_numpy(prompt).to(self.device).unsqueeze(0)
         logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
-        if self.sampling.greedy:
-            return int(logits[0].argmax())
-        return draw(target_distribution(logits, self.sampling)[0], generator)
+        return self._choices(logits)
 
-    def _forward(self, cache: TreeKVCache, input_ids, position_ids, mask) -> torch.Tensor:
-        """[verified tokens, vocab] logits of one verification forward pass."""
-        return self.model(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache, use_cache=True
-        ).logits[0]
+    def _verify(self, cache: TreeKVCache, inputs, n_nodes: int) -> TargetChoices:
+        """One verification forward pass; the choices of the first ``n_nodes`` (the padding's are dropped)."""
+        input_ids, position_ids, mask = inputs
+        logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache,
+                            use_cache=True).logits[0, :n_nodes]
+        return self._choices(logits)
 
     @torch.inference_mode()
     def measure_verify_latency(self, prompt_ids: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
-        """Median seconds of one verification forward pass over q tokens, for each q in ``sizes``, on top
-        of the KV cache of ``prompt_ids``. Repeats are interleaved across sizes so drift hits all alike."""
+        """Median seconds of one verification pass over q tokens (forward + reading the choices back, as a
+        step's verify_s counts it), for each q in ``sizes``, on top of the KV cache of ``prompt_ids``. Repeats
+        are interleaved across sizes so drift hits all alike."""
         prompt = np.asarray(prompt_ids, dtype=np.int64)
         cache = TreeKVCache(self.num_layers, prompt.size + max(sizes))
         self._prefill(cache, prompt)
@@ -331,12 +356,11 @@ class Decoder:
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         for _ in range(repeats):
             for size in sizes:
-                parents = node_parents(chain_parents(size - 1))
-                node_tokens = np.resize(prompt, size)
-                inputs = self._verification_inputs(node_tokens, parents, start)
-                self._synchronize()
-                began = time.perf_counter()
-                self._forward(cache, *inputs).argmax(dim=-1).cpu()
-                timings[size].append(time.perf_counter() - began)
+                plan = VerifyPlan(np.arange(size - 1), np.resize(prompt, size), node_parents(chain_parents(size - 1)),
+                                  None, None, size - 1)
+                inputs = verification_inputs(plan, start, size, self.device)
+                began = self.clock.read()
+                self._verify(cache, inputs, plan.n_nodes)
+                timings[size].append(self.clock.read() - began)
                 cache.truncate(start)
         return {size: float(np.median(values)) for size, values in timings.items()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specbench.drafters.base import Draft, Drafter
+from specbench.decoding.contract import Draft, Drafter
 
 
 class NoDraft(Drafter):

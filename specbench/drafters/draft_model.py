@@ -15,7 +15,8 @@ import torch
 
 from specbench.decoding.kv_cache import TreeKVCache
 from specbench.decoding.sampling import Sampling, target_distribution
-from specbench.drafters.base import Draft, Drafter, StepOutcome, require_positive
+from specbench.decoding.contract import Draft, Drafter, StepOutcome
+from specbench.drafters.base import require_positive
 from specbench.errors import SpecbenchError
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 
 from specbench.datastores.ngram_pool import NGramPool
+from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.tree import trie_from_sequences
-from specbench.drafters.base import Draft, Drafter, StepOutcome, require_positive
-from specbench.drafters.lookahead import JacobiWindow, remember_ngrams, with_window
+from specbench.drafters.base import require_positive
+from specbench.drafters.jacobi import JacobiWindow
 from specbench.errors import SpecbenchError
 
 DATABASES = ("context", "model", "statistics")
@@ -73,9 +74,6 @@ class HierarchyDrafting(Drafter):
         self.statistics_db = None
         self.window = JacobiWindow(window_size, draft_length, seed) if lookahead_branch else None
         self._tail = np.empty(0, dtype=np.int64)
-        self._window_offset = 0
-        self._window_size = 0
-        self._window_draft = None  # the draft that carried the window, so its outputs are read only from it
 
     def prepare(self, target, sampling=None) -> None:
         from specbench.datastores import build
@@ -133,14 +131,11 @@ class HierarchyDrafting(Drafter):
                 break
         tokens, parents, sources = trie_from_sequences(candidates, labels)
         if self.window is not None:
-            draft, self._window_offset, self._window_size = with_window(tokens, parents, self.window, sources)
-            self._window_draft = draft
-            return draft
+            return self.window.attach(tokens, parents, sources)
         return Draft(torch.from_numpy(tokens), torch.from_numpy(parents), sources=tuple(sources))
 
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
-        self._tail = remember_ngrams(self.context_db, self._tail, accepted_ids, self.key_tokens + self.draft_length)
-        if self.window is not None and outcome.draft is self._window_draft:
-            start = 1 + self._window_offset
-            for ngram in self.window.update(outcome.target_tokens[start : start + self._window_size]):
+        self._tail = self.context_db.add_new_tokens(self._tail, accepted_ids, self.key_tokens + self.draft_length)
+        if self.window is not None:
+            for ngram in self.window.update(outcome):
                 self.context_db.add(ngram[:1], ngram[1:])

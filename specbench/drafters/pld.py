@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specbench.drafters.base import Draft, Drafter, require_positive
+from specbench.decoding.contract import Draft, Drafter
+from specbench.drafters.base import require_positive
 from specbench.errors import SpecbenchError
 
 MATCH_PREFERENCES = ("earliest", "latest")

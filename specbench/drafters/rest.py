@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from specbench.datastores.suffix_array import SEPARATOR, prefix_group_starts
-from specbench.drafters.base import Draft, Drafter, require_positive
+from specbench.decoding.contract import Draft, Drafter
+from specbench.drafters.base import require_positive
 from specbench.errors import SpecbenchError
 
 

@@ -1,0 +1,119 @@
+"""The contract between the decoding loop and a drafter: every speculative method differs only in its drafter.
+
+A drafter is prepared once for a target model, then lives through one question at a time:
+
+    prepare(target, sampling)       load what it needs for this target and sampling configuration
+    begin(prompt_ids)               a new question: reset per-question state
+    propose(context_ids) -> Draft   candidate tokens for the next step (may be empty)
+    accept(accepted_ids, outcome)   what the target kept, so stateful drafters can learn from it
+
+Per question the loop calls ``begin`` once, then ``accept`` for the prefill (step 0, whose outcome carries
+``Draft.empty()``), then ``propose`` and ``accept`` once each per decoding step 1, 2, ..., always in that
+order. ``outcome.draft`` is the very object the preceding ``propose`` returned (a drafter may compare with
+``is``), and ``outcome.step`` numbers the steps as the step records do.
+
+Counting convention, used everywhere in specbench: a step's *accepted tokens* are the draft tokens the
+target agreed with plus the one token the target produces itself at the end of the accepted path (the
+bonus token). Plain autoregressive decoding therefore accepts exactly 1 token per step, as Spec-Bench's
+"mean accepted tokens" counts it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Candidate tokens for one step: a chain, or a tree flattened so that parents precede children.
+
+    token_ids:  [n] candidate token ids.
+    parents:    [n] index (into token_ids) of each token's parent, -1 for a child of the last committed
+                token; None means a chain (token i follows token i-1).
+    probs:      [n, vocab] the distribution each token was drawn from; None for a deterministic drafter.
+    candidates: [n] bool, False for tokens the target scores only so that the drafter can read its choices
+                (Lookahead's Jacobi window): they are never accepted. None means all are candidates.
+    sources:    [n] a label per token naming where it came from (HD's databases); the label of the last
+                accepted token is recorded with the step. None when the drafter has one source.
+    """
+
+    token_ids: torch.LongTensor
+    parents: torch.LongTensor | None = None
+    probs: torch.FloatTensor | None = None
+    candidates: torch.BoolTensor | None = None
+    sources: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        assert self.token_ids.ndim == 1, "Draft.token_ids must be 1-D"
+        if self.parents is not None:
+            assert self.parents.shape == self.token_ids.shape, "Draft.parents must match token_ids"
+        if self.probs is not None:
+            assert self.probs.ndim == 2 and self.probs.shape[0] == self.token_ids.shape[0]
+        if self.candidates is not None:
+            assert self.candidates.shape == self.token_ids.shape and self.candidates.dtype == torch.bool
+        if self.sources is not None:
+            assert len(self.sources) == self.token_ids.shape[0]
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @staticmethod
+    def empty() -> Draft:
+        return Draft(token_ids=torch.empty(0, dtype=torch.long))
+
+    @staticmethod
+    def chain(token_ids) -> Draft:
+        """A chain draft from any 1-D integer sequence (numpy array, list or tensor)."""
+        if isinstance(token_ids, np.ndarray):
+            return Draft(token_ids=torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)))
+        return Draft(token_ids=torch.as_tensor(token_ids, dtype=torch.long))
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the target decided in one step, handed to ``Drafter.accept``.
+
+    step:           the step number (0 = the prefill, which has no draft).
+    draft:          the draft as proposed (the same object ``propose`` returned; ``Draft.empty()`` at step 0).
+    target_tokens:  [1 + len(draft)] the target's choice after the last committed token (index 0) and after
+                    each draft token (index i+1 for draft token i); -1 for draft tokens that were not
+                    verified (cut to the remaining token budget, to run.max_draft_tokens or by the draft
+                    budget). Greedy runs: the argmax; sampling runs: the argmax too (the emitted token may differ).
+    accepted_nodes: indices into the draft of the accepted path, in order.
+    target_top_ids: [1 + len(draft), k] the target's k highest-scoring tokens at the same positions, best
+                    first, -1 rows where not verified; None when run.target_top_k is 0 (the default, which
+                    costs nothing). For drafters that learn from the target's alternatives.
+    """
+
+    step: int
+    draft: Draft
+    target_tokens: np.ndarray
+    accepted_nodes: tuple[int, ...]
+    target_top_ids: np.ndarray | None = None
+
+
+class Drafter(ABC):
+    """Base class of all drafters. Subclasses are built from ``conf/drafter/<name>.yaml``."""
+
+    #: name used in records and result tables; set from the config.
+    name: str = "drafter"
+
+    def prepare(self, target, sampling=None) -> None:
+        """Called once before the first question with the target (a ``specbench.models.LoadedModel``) and
+        the run's ``specbench.decoding.sampling.Sampling`` (None = greedy): load databases or models, check
+        that they fit the target's tokenizer, move to its device."""
+
+    def begin(self, prompt_ids: np.ndarray) -> None:
+        """Start a new question whose prompt is ``prompt_ids`` ([prompt_len] int64)."""
+
+    @abstractmethod
+    def propose(self, context_ids: np.ndarray) -> Draft:
+        """Candidate continuation of ``context_ids`` ([len] int64: prompt + tokens generated so far; a
+        read-only view owned by the loop). Return ``Draft.empty()`` when there is nothing worth verifying."""
+
+    def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
+        """The tokens appended to the context this step (accepted draft tokens + bonus token)."""

@@ -1,0 +1,87 @@
+"""``LoadedModel``, what every loader returns, and the steps all loaders share once the weights are in."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.models.kernels import use_linear_backend
+from specbench.prompts import PromptFormat, make_prompt_format
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for decoding, with what the runner needs to talk to it."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    prompt_format: PromptFormat
+    eos_token_ids: frozenset[int]
+    max_context: int
+    source: str
+    family: str | None = None
+    _fingerprint: str | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def encode_conversation(self, questions: list[str], answers: list[str]) -> list[int]:
+        return self.prompt_format.encode(questions, answers)
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = tokenizer_fingerprint(self.tokenizer)
+        return self._fingerprint
+
+    def decode(self, token_ids) -> str:
+        """Answer text as Spec-Bench stores it: special tokens dropped, surrounding whitespace stripped."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the tokenizer's vocabulary (token -> id): databases of token ids are only valid for a
+    target whose tokenizer has the same fingerprint."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    ids = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if value is None:
+            continue
+        ids.update([value] if isinstance(value, int) else value)
+    if not ids:
+        raise SpecbenchError("the model defines no EOS token; set one in its generation_config")
+    return frozenset(int(i) for i in ids)
+
+
+def finish_loading(name, model, tokenizer, prompt_format, system_message, device, source, linear_backend,
+                   family=None) -> LoadedModel:
+    """The last steps of every loader: move the model to ``device`` in eval mode, choose its linear kernels,
+    and wrap it with its prompt format, EOS ids and context length."""
+    model.to(device).eval()
+    use_linear_backend(model, linear_backend)
+    text_config = model.config.get_text_config()
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        prompt_format=make_prompt_format(prompt_format, tokenizer, system_message),
+        eos_token_ids=_eos_ids(model, tokenizer),
+        max_context=int(getattr(text_config, "max_position_embeddings", 2048)),
+        source=source,
+        family=family,
+    )

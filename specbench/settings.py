@@ -1,0 +1,131 @@
+"""The ``run`` config group as a typed schema: every decoding and measurement knob, with its valid range.
+
+``conf/run/default.yaml`` holds the defaults with a comment per key and docs/configuration.md documents each;
+``RunSettings.from_config`` checks a composed ``run`` node against this schema before anything is loaded, so
+a bad value fails at once with a message naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.errors import SpecbenchError
+from specbench.mismatch import DEFAULT_TOLERANCE
+
+CALIBRATION_SIZES = [*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    max_new_tokens: int = 1024
+    baseline: bool = True
+    alternate_order: bool = True
+    warmup_runs: int = 1
+    warmup_max_new_tokens: int = 32
+    max_draft_tokens: int = 64
+    verify_padding: str = "auto"
+    verify_padding_max: int = 16
+    verify_padding_min_gain: float = 0.1
+    calibration_repeats: int = 5
+    calibration_sizes: list[int] = field(default_factory=lambda: list(CALIBRATION_SIZES))
+    verify_cost_smoothing: float = 0.1
+    draft_budget: str = "auto"
+    draft_budget_prior: float = 0.5
+    draft_budget_prior_weight: float = 2.0
+    draft_budget_explore: float = 0.3
+    draft_budget_memory: float = 50
+    draft_budget_max_depth: int = 12
+    draft_budget_max_rank: int = 3
+    target_top_k: int = 0
+    mismatch_top_k: int = 8
+    near_tie_tolerance: float | str = "auto"
+    linear_backend: str = "auto"
+    device: str = "auto"
+    threads: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @staticmethod
+    def from_config(node: DictConfig | dict) -> RunSettings:
+        """The settings of a composed ``run`` node, checked; unknown keys are refused by name."""
+        values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+        known = {f.name for f in dataclasses.fields(RunSettings)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SpecbenchError(f"unknown setting(s) {', '.join('run.' + key for key in unknown)}; the run group "
+                                 f"has: {', '.join(sorted(known))}")
+        settings = RunSettings(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Reject settings that cannot work, naming the key."""
+        for key in ("max_new_tokens", "max_draft_tokens", "verify_padding_max", "calibration_repeats",
+                    "draft_budget_max_depth", "draft_budget_max_rank"):
+            _require_int(key, getattr(self, key), minimum=1)
+        _require_int("mismatch_top_k", self.mismatch_top_k, minimum=2)
+        for key in ("warmup_runs", "warmup_max_new_tokens", "target_top_k", "seed"):
+            _require_int(key, getattr(self, key), minimum=0)
+        for key in ("baseline", "alternate_order"):
+            if not isinstance(getattr(self, key), bool):
+                raise SpecbenchError(f"run.{key} must be true or false, got {getattr(self, key)!r}")
+        _require_choice("verify_padding", self.verify_padding, ("auto", "off"))
+        _require_choice("draft_budget", self.draft_budget, ("auto", "off"))
+        _require_range("verify_padding_min_gain", self.verify_padding_min_gain, 0, 1, "[0, 1)", upper_open=True)
+        _require_range("verify_cost_smoothing", self.verify_cost_smoothing, 0, 1, "(0, 1]", lower_open=True)
+        _require_range("draft_budget_explore", self.draft_budget_explore, 0, 1, "[0, 1]")
+        _require_range("draft_budget_prior", self.draft_budget_prior, 0, 1, "(0, 1)", lower_open=True, upper_open=True)
+        if not _is_number(self.draft_budget_memory) or self.draft_budget_memory < 1:
+            raise SpecbenchError(f"run.draft_budget_memory must be at least 1, got {self.draft_budget_memory!r}")
+        if not _is_number(self.draft_budget_prior_weight) or self.draft_budget_prior_weight <= 0:
+            raise SpecbenchError(f"run.draft_budget_prior_weight must be positive, got {self.draft_budget_prior_weight!r}")
+        if not (isinstance(self.calibration_sizes, list) and self.calibration_sizes
+                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.calibration_sizes)):
+            raise SpecbenchError(f"run.calibration_sizes must be a non-empty list of positive integers, "
+                                 f"got {self.calibration_sizes!r}")
+        if self.near_tie_tolerance != "auto" and (not _is_number(self.near_tie_tolerance) or self.near_tie_tolerance < 0):
+            raise SpecbenchError(f"run.near_tie_tolerance must be auto or a non-negative number of logits, "
+                                 f"got {self.near_tie_tolerance!r}")
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise SpecbenchError(f"run.temperature must be 0 (greedy) or positive, got {self.temperature!r}")
+        _require_range("top_p", self.top_p, 0, 1, "(0, 1]", lower_open=True)
+        if self.threads is not None:
+            _require_int("threads", self.threads, minimum=1, extra="or null")
+
+    def tolerance(self, dtype: str) -> float:
+        """The near-tie tolerance in logits for a model of ``dtype`` ("float32", ...)."""
+        if self.near_tie_tolerance != "auto":
+            return float(self.near_tie_tolerance)
+        return DEFAULT_TOLERANCE.get(dtype, DEFAULT_TOLERANCE["float16"])
+
+    def calibration_grid(self, largest: int) -> list[int]:
+        """The token counts whose verify latency is measured, up to ``largest`` (always included)."""
+        sizes = sorted(size for size in set(self.calibration_sizes) if size <= largest)
+        return sizes if sizes and sizes[-1] == largest else [*sizes, largest]
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _require_int(key: str, value, minimum: int, extra: str = "") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+        raise SpecbenchError(f"run.{key} must be {kind}{' ' + extra if extra else ''}, got {value!r}")
+
+
+def _require_choice(key: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecbenchError(f"run.{key} must be {' or '.join(choices)}, got {value!r}")
+
+
+def _require_range(key: str, value, low: float, high: float, shown: str, lower_open: bool = False,
+                   upper_open: bool = False) -> None:
+    ok = _is_number(value) and (value > low if lower_open else value >= low) and (
+        value < high if upper_open else value <= high)
+    if not ok:
+        raise SpecbenchError(f"run.{key} must be in {shown}, got {value!r}")

@@ -1,0 +1,191 @@
+"""Where the loop's time goes: every operation's time must land in the phase the docs name, with device work
+that runs asynchronously (as on a GPU) billed to the phase that queued it. A fake timeline plays the device:
+host work advances the clock at once, device work only when the clock is fenced (synchronised)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import ScriptedDrafter, greedy_reference
+
+import specbench.decoding.loop as loop
+from specbench.decoding.contract import Draft
+from specbench.decoding.kv_cache import TreeKVCache
+from specbench.decoding.loop import Decoder, FencedClock
+from specbench.decoding.plan import plan_verification
+from specbench.decoding.sampling import Sampling
+
+# Seconds of each operation: powers of two, so every sum of them is exact and tells which operations it holds.
+BEGIN, PROPOSE_HOST, PROPOSE_DEVICE, ACCEPT_HOST, ACCEPT_DEVICE = 1.0, 2.0, 4.0, 8.0, 16.0
+FORWARD, PLAN, INPUTS, WALK, COMPACT = 32.0, 64.0, 128.0, 256.0, 512.0
+
+
+class Timeline:
+    def __init__(self):
+        self.host = 0.0
+        self.queued = 0.0
+
+    def host_work(self, seconds):
+        self.host += seconds
+
+    def device_work(self, seconds):
+        self.queued += seconds
+
+    def synchronize(self):
+        self.host += self.queued
+        self.queued = 0.0
+
+    def now(self):
+        return self.host
+
+
+class DeviceModel(torch.nn.Module):
+    """The tiny target, whose every forward pass queues FORWARD seconds of device work."""
+
+    def __init__(self, inner, timeline):
+        super().__init__()
+        self.inner = inner
+        self.timeline = timeline
+
+    @property
+    def config(self):
+        return self.inner.config
+
+    def forward(self, **kwargs):
+        self.timeline.device_work(FORWARD)
+        return self.inner(**kwargs)
+
+
+class TimedDrafter(ScriptedDrafter):
+    def __init__(self, timeline, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timeline = timeline
+
+    def begin(self, prompt_ids):
+        self.timeline.host_work(BEGIN)
+        super().begin(prompt_ids)
+
+    def propose(self, context_ids):
+        self.timeline.host_work(PROPOSE_HOST)
+        self.timeline.device_work(PROPOSE_DEVICE)
+        return super().propose(context_ids)
+
+    def accept(self, accepted_ids, outcome):
+        self.timeline.host_work(ACCEPT_HOST)
+        self.timeline.device_work(ACCEPT_DEVICE)
+
+
+def charge(timeline, function, seconds, on_device=False):
+    def charged(*args, **kwargs):
+        (timeline.device_work if on_device else timeline.host_work)(seconds)
+        return function(*args, **kwargs)
+    return charged
+
+
+@pytest.fixture
+def timed(monkeypatch, tiny):
+    timeline = Timeline()
+    monkeypatch.setattr(loop, "plan_verification", charge(timeline, loop.plan_verification, PLAN))
+    monkeypatch.setattr(loop, "verification_inputs", charge(timeline, loop.verification_inputs, INPUTS))
+    monkeypatch.setattr(loop, "greedy_accepted_path", charge(timeline, loop.greedy_accepted_path, WALK))
+    monkeypatch.setattr(loop, "sampled_accepted_path", charge(timeline, loop.sampled_accepted_path, WALK))
+    monkeypatch.setattr(TreeKVCache, "keep_nodes", charge(timeline, TreeKVCache.keep_nodes, COMPACT, on_device=True))
+    return timeline, DeviceModel(tiny.model, timeline)
+
+
+class Observed:
+    def __init__(self):
+        self.calls = []
+
+    def observe(self, size, seconds):
+        self.calls.append((size, seconds))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_every_operation_lands_in_its_phase(timed, tiny, prompt_ids, temperature):
+    timeline, model = timed
+    ids = prompt_ids[0]
+    reference = greedy_reference(tiny.model, ids, 12)
+    drafter = TimedDrafter(timeline, reference, length=3, mode="right")
+    cost = Observed()
+    decoder = Decoder(model, frozenset(), max_draft_tokens=8, verify_cost=cost,
+                      sampling=Sampling(temperature=temperature),
+                      clock=FencedClock(timeline.synchronize, timeline.now))
+    generation = decoder.generate(ids, drafter, 12)
+
+    prefill, *steps = generation.steps
+    assert (prefill.draft_s, prefill.verify_s) == (BEGIN + ACCEPT_HOST + ACCEPT_DEVICE, FORWARD)
+    assert prefill.overhead_s == 0.0
+    assert steps
+    for step in steps:
+        assert step.draft_s == PROPOSE_HOST + PROPOSE_DEVICE + ACCEPT_HOST + ACCEPT_DEVICE
+        assert step.verify_s == FORWARD
+        assert step.overhead_s == PLAN + INPUTS + WALK + COMPACT
+    # The draft budget's latency model learns from verify_s alone.
+    assert cost.calls == [(step.verify_tokens, FORWARD) for step in steps]
+    # Nothing happens outside the recorded phases.
+    assert generation.wall_s == sum(s.draft_s + s.verify_s + s.overhead_s for s in generation.steps)
+
+
+def test_an_unfenced_clock_misplaces_device_work(timed, tiny, prompt_ids):
+    """The check above can fail: read the clock without synchronising and device work goes missing."""
+    timeline, model = timed
+    ids = prompt_ids[0]
+    drafter = TimedDrafter(timeline, greedy_reference(tiny.model, ids, 8), length=3)
+    decoder = Decoder(model, frozenset(), max_draft_tokens=8, clock=FencedClock(lambda: None, timeline.now))
+    steps = decoder.generate(ids, drafter, 8).steps[1:]
+    assert all(step.verify_s != FORWARD for step in steps)
+
+
+def test_the_plan_maps_numberings_as_its_docstring_example():
+    draft = Draft(torch.tensor([101, 102, 103, 104, 105]), parents=torch.tensor([-1, 0, 1, -1, 3]))
+    plan = plan_verification(draft, root_token=100, max_depth=1, max_nodes=64)
+    assert plan.draft_indices.tolist() == [0, 3]
+    assert plan.node_tokens.tolist() == [100, 101, 104]
+    assert plan.parents.tolist() == [-1, 0, 0]
+    assert plan.to_draft(2) == 3
+    assert plan.scatter(np.array([7, 8, 9])).tolist() == [7, 8, -1, -1, 9, -1]
+    assert plan.candidate_tokens() == 2 and plan.candidate_depth() == 1
+
+
+def test_non_candidates_are_counted_apart():
+    draft = Draft(torch.tensor([5, 6, 7]), parents=torch.tensor([-1, 0, -1]),
+                  candidates=torch.tensor([True, True, False]))
+    plan = plan_verification(draft, root_token=1, max_depth=8, max_nodes=64)
+    assert plan.candidate_tokens() == 2 and plan.n_nodes == 4 and plan.candidate_depth() == 2
+
+
+class Recorder(ScriptedDrafter):
+    def accept(self, accepted_ids, outcome):
+        self.outcomes = getattr(self, "outcomes", []) + [outcome]
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_outcomes_carry_the_targets_top_k_in_draft_numbering(tiny, prompt_ids, top_k):
+    ids = prompt_ids[0]
+    reference = greedy_reference(tiny.model, ids, 10)
+    drafter = Recorder(reference, length=6, mode="wrong")
+    decoder = Decoder(tiny.model, frozenset(), max_draft_tokens=2, target_top_k=top_k)
+    decoder.generate(ids, drafter, 10)
+    prefill, first, *_ = drafter.outcomes
+    assert (prefill.step, first.step) == (0, 1)
+    if top_k == 0:
+        assert first.target_top_ids is None
+        return
+    top = first.target_top_ids
+    assert top.shape == (1 + len(first.draft), top_k)
+    verified = first.target_tokens >= 0
+    assert verified.tolist() == [True, True, True, False, False, False, False]  # cut to 2 draft tokens
+    assert (top[verified, 0] == first.target_tokens[verified]).all()
+    assert (top[~verified] == -1).all()
+    assert len(set(top[0].tolist())) == top_k
+
+
+def test_generation_keeps_the_deciding_top_tokens(tiny, prompt_ids):
+    ids = prompt_ids[1]
+    reference = greedy_reference(tiny.model, ids, 12)
+    generation = Decoder(tiny.model, frozenset(), 8).generate(ids, ScriptedDrafter(reference, 4), 12)
+    assert generation.top_ids.shape == (12, 8)
+    assert generation.top_ids[:, 0].tolist() == generation.token_ids == reference
+    assert (generation.top_logits[:, 0] >= generation.top_logits[:, 1]).all()
