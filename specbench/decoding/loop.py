@@ -324,11 +324,11 @@ class Decoder:
         """Read the target's choices back to the host. One top-k pass serves both the argmax and the
         diagnostics; where the two best logits tie exactly, topk's order is unspecified, so those rows take
         argmax's (the first best index, as plain greedy decoding picks)."""
-        top_logits, top_ids = logits.topk(self.top_k, dim=-1)
+        top_logits, top_ids = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1)  # a vocabulary may be tiny
         top_ids, top_logits = top_ids.cpu().numpy(), top_logits.float().cpu().numpy()
         argmax = top_ids[:, 0].copy()
-        tied = np.flatnonzero(top_logits[:, 0] == top_logits[:, 1])
-        if tied.size:
+        tied = np.flatnonzero(top_logits[:, 0] == top_logits[:, 1]) if top_logits.shape[1] > 1 else []
+        if len(tied):
             argmax[tied] = logits[torch.from_numpy(tied).to(logits.device)].argmax(dim=-1).cpu().numpy()
         return TargetChoices(argmax=argmax, top_ids=top_ids, top_logits=top_logits, logits=logits)
 
