@@ -83,8 +83,14 @@ def load_steps(paths) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def record_task(record: dict) -> str:
+    """The Spec-Bench task of an answer record: specbench's own field, else the one its category maps to,
+    else the category itself."""
+    return (record.get("specbench") or {}).get("task") or task_of(record["category"]) or record["category"]
 
 
 def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) -> list[dict]:
@@ -98,7 +104,7 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
         choice = record["choices"][0]
         base = by_id.get(record["question_id"])
         extra = record.get("specbench") or {}
-        task = extra.get("task") or task_of(record["category"]) or record["category"]
+        task = record_task(record)
         lengths = metrics.answer_accept_lengths(record)
         rows.append({
             **info, "question_id": record["question_id"], "task": task, "category": record["category"],
@@ -122,8 +128,8 @@ def load_questions(paths) -> pd.DataFrame:
         answers_file, baseline_file = run_dir / "answers.jsonl", run_dir / "baseline_answers.jsonl"
         if not answers_file.is_file():
             continue
-        baseline = _read_jsonl(baseline_file) if baseline_file.is_file() else None
-        rows += question_rows(_read_jsonl(answers_file), baseline, _run_info(run_dir))
+        baseline = read_jsonl(baseline_file) if baseline_file.is_file() else None
+        rows += question_rows(read_jsonl(answers_file), baseline, _run_info(run_dir))
     return pd.DataFrame(rows, columns=QUESTION_COLUMNS)
 
 
@@ -131,5 +137,5 @@ def read_spec_bench(method_file: str | Path, baseline_file: str | Path, model: s
     """Spec-Bench's own model_answer files (``evaluation/inference_*.py`` output): a method's answers and the
     baseline's, as per-question rows that sit in one table with specbench's runs."""
     info = {"run_dir": str(method_file), "model": model, "drafter": drafter, "label": drafter}
-    rows = question_rows(_read_jsonl(Path(method_file)), _read_jsonl(Path(baseline_file)), info)
+    rows = question_rows(read_jsonl(Path(method_file)), read_jsonl(Path(baseline_file)), info)
     return pd.DataFrame(rows, columns=QUESTION_COLUMNS)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specbench.decoding.budget import interpolate_latency
 from specbench.metrics import accepted_per_decoding_step
 
 WAYS = {"calibration": "calib", "leave-one-out": "loo"}  # way of predicting T_target -> column prefix
@@ -62,21 +63,13 @@ def read_run_facts(run_dir) -> dict:
 
 def latency_lookup(table: dict[int, float], counts) -> np.ndarray:
     """Seconds of one target forward pass over each of ``counts`` tokens, from ``table`` (token count ->
-    seconds): linear between the two nearest measured counts, continued along the slope of the two largest
-    counts beyond the largest (never downward), and the smallest count's value below the smallest. Nothing
-    is fitted, so a shape that is not a line (2-3 tokens slower than 4 on a CPU) is kept.
+    seconds), read as the draft budget reads its latencies (``interpolate_latency``: no line is fitted).
 
     >>> latency_lookup({1: 0.050, 3: 0.060, 11: 0.090}, [2, 11, 15]).round(4).tolist()
     [0.055, 0.09, 0.105]
     """
-    grid = np.array(sorted(table), dtype=np.float64)
-    values = np.array([table[count] for count in sorted(table)])
-    counts = np.asarray(counts, dtype=np.float64)
-    seconds = np.interp(counts, grid, values)
-    if grid.size >= 2:
-        slope = max(0.0, (values[-1] - values[-2]) / (grid[-1] - grid[-2]))
-        seconds = np.where(counts > grid[-1], values[-1] + slope * (counts - grid[-1]), seconds)
-    return seconds
+    grid = sorted(table)
+    return interpolate_latency(np.array(grid, dtype=np.float64), np.array([table[count] for count in grid]), counts)
 
 
 def latency_sums(decode: pd.DataFrame) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from specbench import metrics
 from specbench.config import compose
 from specbench.data import TASKS
 from specbench.errors import SpecbenchError
+from specbench.records import read_answers
 from specbench.runner import run_benchmark
 
 VARIANTS = {"hd-lookahead": ("hd", ["drafter.lookahead_branch=true", "drafter.name=hd-lookahead"])}
@@ -41,8 +42,7 @@ MEASURES = (  # (summary key or column, format, title)
 def draft_ms_per_task(run_dir: Path) -> dict:
     """Mean drafting milliseconds per decoding step of a run directory, per task and overall."""
     steps = pd.read_parquet(run_dir / "steps.parquet")
-    lines = (run_dir / "answers.jsonl").read_text(encoding="utf-8").splitlines()
-    task_of = {record["question_id"]: record["specbench"]["task"] for record in map(json.loads, filter(None, lines))}
+    task_of = {record["question_id"]: record["specbench"]["task"] for record in read_answers(run_dir)}
     tasks = steps.question_id.map(task_of)
     per_task = {task: 1000 * metrics.draft_seconds_per_step(part.draft_s.tolist(), part.step.tolist())
                 for task, part in steps.groupby(tasks)}

@@ -25,16 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.runs import read_jsonl, record_task
 from specbench import metrics
-from specbench.data import task_of
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def record_task(record: dict) -> str:
-    return (record.get("specbench") or {}).get("task") or task_of(record["category"]) or record["category"]
 
 
 def retokenised_turn_tokens(tokenizer, record: dict) -> list[int]:

@@ -93,8 +93,7 @@ def draft_seconds_per_step(draft_seconds: Sequence[float], steps: Sequence[int])
     >>> draft_seconds_per_step([0.0, 0.002, 0.004], [0, 1, 2])
     0.003
     """
-    times = [seconds for seconds, step in zip(draft_seconds, steps) if step > 0]
-    return float(np.mean(times)) if times else float("nan")
+    return _mean_over_decoding_steps(draft_seconds, steps)
 
 
 def accepted_per_decoding_step(accepted_tokens: Sequence[int], steps: Sequence[int]) -> float:
@@ -103,8 +102,13 @@ def accepted_per_decoding_step(accepted_tokens: Sequence[int], steps: Sequence[i
     >>> accepted_per_decoding_step([1, 3, 1, 2], [0, 1, 2, 3])
     2.0
     """
-    lengths = [length for length, step in zip(accepted_tokens, steps) if step > 0]
-    return float(np.mean(lengths)) if lengths else float("nan")
+    return _mean_over_decoding_steps(accepted_tokens, steps)
+
+
+def _mean_over_decoding_steps(values: Sequence[float], steps: Sequence[int]) -> float:
+    """The mean of ``values`` over the steps after the prefill (step > 0); NaN when there are none."""
+    kept = [value for value, step in zip(values, steps) if step > 0]
+    return float(np.mean(kept)) if kept else float("nan")
 
 
 def answer_rate(record: dict) -> float:

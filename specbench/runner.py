@@ -247,7 +247,7 @@ def compare_with_baseline(method: Answer, baseline: Answer | None, tolerance: fl
     if baseline is None:
         return None, None
     mismatch = diagnose(method.token_ids, baseline.token_ids, method.top, baseline.top, tolerance, exact=exact)
-    return method.token_ids == baseline.token_ids, mismatch
+    return mismatch is None, mismatch  # diagnose finds a difference exactly when the answers are not identical
 
 
 def first_turn_ids(model: LoadedModel, prompt: Prompt) -> list[int]:

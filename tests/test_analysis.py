@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from analysis.__main__ import main as analysis_main
@@ -22,20 +21,6 @@ from specbench.records import Answer, RunDirectory
 LATENCY = {1: 0.050, 2: 0.060, 3: 0.060, 4: 0.052, 11: 0.090}
 
 
-def step_record(**values) -> StepRecord:
-    """A StepRecord of the fields it has (candidate_tokens is written by ``add_candidate_tokens`` while the
-    records do not carry it)."""
-    return StepRecord(**{key: value for key, value in values.items() if key in StepRecord.__dataclass_fields__})
-
-
-def add_candidate_tokens(path) -> None:
-    """steps.parquet with candidate_tokens (the synthetic drafts are chains: every draft node is a candidate)."""
-    steps = pd.read_parquet(path / "steps.parquet")
-    if "candidate_tokens" not in steps:
-        steps.insert(steps.columns.get_loc("verify_tokens"), "candidate_tokens", steps.draft_tokens)
-        steps.to_parquet(path / "steps.parquet", index=False)
-
-
 def synthetic_run(path, drafter, accepted, verify_tokens, speed=30, baseline_speed=15, draft_s=0.0,
                   overhead_s=0.0001, slowdown=1.0, noise=0.01, threads=2, calibrated=True, source="", seed=0,
                   context_start=50, context_cost=0.0):
@@ -51,25 +36,24 @@ def synthetic_run(path, drafter, accepted, verify_tokens, speed=30, baseline_spe
         question_id = 100 + index
         tokens = accepted * 20 + 1
         method, base = Answer(), Answer()
-        steps = [step_record(step=0, draft_tokens=0, candidate_tokens=0, verify_tokens=50, accepted_tokens=1,
+        steps = [StepRecord(step=0, draft_tokens=0, candidate_tokens=0, verify_tokens=50, accepted_tokens=1,
                              draft_s=0.0, verify_s=0.1, overhead_s=0.0, context_len=50)]
         for i in range(1, 21):
             count = verify_tokens[i % len(verify_tokens)]
             context = context_start + i
             verify_s = (LATENCY[count] + context_cost * context) * slowdown * (1 + rng.normal(0, noise))
-            steps.append(step_record(
+            steps.append(StepRecord(
                 step=i, draft_tokens=count - 1, candidate_tokens=count - 1, verify_tokens=count,
                 accepted_tokens=accepted, draft_s=draft_s, verify_s=verify_s, overhead_s=overhead_s,
                 context_len=context, draft_depth=count - 1, source=source))
         method.texts, method.token_ids, method.steps, method.wall_times = ["x"], [list(range(tokens))], [steps], [tokens / speed]
         base.texts, base.token_ids = ["x"], [list(range(tokens))]
-        base.steps = [[step_record(step=0, draft_tokens=0, verify_tokens=50, accepted_tokens=1, draft_s=0,
+        base.steps = [[StepRecord(step=0, draft_tokens=0, verify_tokens=50, accepted_tokens=1, draft_s=0,
                                    verify_s=0.1, overhead_s=0, context_len=50)] * tokens]
         base.wall_times = [tokens / baseline_speed]
         prompt = Prompt(question_id, task, task, ("q",))
         run.add(method.to_record(prompt, drafter, True), base.to_record(prompt, "ar", None), method.step_rows(question_id))
     run.write_summary({"model": "m", "drafter": drafter, "environment": {}})
-    add_candidate_tokens(path)
     if calibrated:
         (path / "verify_latency.json").write_text(json.dumps(
             {"latency_s": {str(count): seconds for count, seconds in LATENCY.items()}, "pad_to": {}}))

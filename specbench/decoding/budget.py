@@ -14,34 +14,46 @@ from __future__ import annotations
 import numpy as np
 
 
+def interpolate_latency(counts: np.ndarray, seconds: np.ndarray, sizes):
+    """Seconds of a pass over each of ``sizes`` tokens from latencies measured at ascending ``counts``: linear
+    between measured counts, the smallest count's value below it, and beyond the largest the slope of the two
+    largest counts, never downward (a pass over more tokens does not get cheaper). Nothing is fitted, so a
+    curve that is not a line (2-3 tokens slower than 4 on a CPU) is kept. The draft budget and the analysis's
+    throughput model both read latencies this way.
+
+    >>> interpolate_latency(np.array([1, 3, 11]), np.array([0.050, 0.060, 0.090]), [2, 11, 15]).round(4).tolist()
+    [0.055, 0.09, 0.105]
+    """
+    sizes = np.asarray(sizes, dtype=np.float64)
+    result = np.interp(sizes, counts, seconds)
+    if counts.size >= 2:
+        slope = max(0.0, (seconds[-1] - seconds[-2]) / (counts[-1] - counts[-2]))
+        result = np.where(sizes > counts[-1], seconds[-1] + slope * (sizes - counts[-1]), result)
+    return result
+
+
 class VerifyCost:
     """Seconds of a verification forward pass over q tokens: measured at start, then kept current with the
-    step timings the loop observes (an exponential moving average per token count), interpolated between
-    known counts and extrapolated linearly beyond the largest."""
+    step timings the loop observes (an exponential moving average per token count), read with
+    ``interpolate_latency``."""
 
     def __init__(self, latencies: dict[int, float], smoothing: float = 0.1):
         self.latencies = dict(latencies)
         self.smoothing = smoothing
-        self._arrays = None
+        self._grid = None
 
     def observe(self, size: int, seconds: float) -> None:
         known = self.latencies.get(size)
         self.latencies[size] = seconds if known is None else known + self.smoothing * (seconds - known)
         if known is None:
-            self._arrays = None
+            self._grid = None
 
     def __call__(self, sizes):
         """Seconds for one token count or an array of them."""
-        if self._arrays is None:
-            keys = sorted(self.latencies)
-            self._arrays = (np.array(keys, dtype=np.float64), keys)
-        grid, keys = self._arrays
-        values = np.array([self.latencies[k] for k in keys])
-        result = np.interp(sizes, grid, values)
-        if grid.size >= 2:
-            slope = (values[-1] - values[-2]) / (grid[-1] - grid[-2])
-            result = np.where(np.asarray(sizes) > grid[-1], values[-1] + slope * (np.asarray(sizes) - grid[-1]), result)
-        return result
+        if self._grid is None:
+            self._grid = np.array(sorted(self.latencies), dtype=np.float64)
+        values = np.array([self.latencies[int(count)] for count in self._grid])
+        return interpolate_latency(self._grid, values, sizes)
 
 
 def node_kinds(parents: np.ndarray, depths: np.ndarray, sources, max_depth: int = 12, max_rank: int = 3) -> list[tuple]:

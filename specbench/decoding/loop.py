@@ -23,7 +23,7 @@ from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.kv_cache import TreeKVCache
 from specbench.decoding.plan import VerifyPlan, plan_verification, verification_inputs
 from specbench.decoding.sampling import Sampling, draw, sampled_accepted_path, target_distribution
-from specbench.decoding.tree import chain_parents, greedy_accepted_path, node_parents
+from specbench.decoding.tree import greedy_accepted_path
 from specbench.records import StepRecord
 
 
@@ -129,7 +129,6 @@ class _Sequence:
         self.buffer[: prompt.size] = prompt
         self.length = prompt.size
         self.cache = TreeKVCache(num_layers, self.buffer.size)
-        self.tokens: list[int] = []
         self.top_ids: list[np.ndarray] = []
         self.top_logits: list[np.ndarray] = []
         self.ended = False
@@ -141,7 +140,12 @@ class _Sequence:
 
     @property
     def generated(self) -> int:
-        return len(self.tokens)
+        return self.length - self.prompt.size
+
+    @property
+    def tokens(self) -> list[int]:
+        """The generated tokens."""
+        return self.buffer[self.prompt.size : self.length].tolist()
 
     @property
     def last_token(self) -> int:
@@ -153,7 +157,6 @@ class _Sequence:
     def append(self, tokens: list[int], ended: bool, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
         self.buffer[self.length : self.length + len(tokens)] = tokens
         self.length += len(tokens)
-        self.tokens.extend(tokens)
         self.top_ids.append(top_ids)
         self.top_logits.append(top_logits)
         self.ended = ended
@@ -268,17 +271,18 @@ class Decoder:
         sequence.cache.keep_nodes(start, [0, *path])
         self._learn_costs(drafter.name, plan, path, verify_tokens, verified - built)
         outcome = self._outcome(step, draft, plan, choices, path)
+        candidate_tokens, draft_depth = plan.candidate_tokens(), plan.candidate_depth()
         bookkept = read()
 
         drafter.accept(sequence.last(len(new_tokens)), outcome)
         step_done = read()
 
         return StepRecord(
-            step=step, draft_tokens=plan.n_nodes - 1, candidate_tokens=plan.candidate_tokens(),
+            step=step, draft_tokens=plan.n_nodes - 1, candidate_tokens=candidate_tokens,
             verify_tokens=verify_tokens, accepted_tokens=len(new_tokens),
             draft_s=(drafted - step_started) + (step_done - bookkept), verify_s=verified - built,
             overhead_s=(built - drafted) + (bookkept - verified), context_len=context_len,
-            draft_depth=plan.candidate_depth(),
+            draft_depth=draft_depth,
             source=draft.sources[outcome.accepted_nodes[-1]] if outcome.accepted_nodes and draft.sources else "",
         )
 
@@ -356,8 +360,8 @@ class Decoder:
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         for _ in range(repeats):
             for size in sizes:
-                plan = VerifyPlan(np.arange(size - 1), np.resize(prompt, size), node_parents(chain_parents(size - 1)),
-                                  None, None, size - 1)
+                tokens = np.resize(prompt, size)
+                plan = plan_verification(Draft.chain(tokens[1:]), int(tokens[0]), size, size)
                 inputs = verification_inputs(plan, start, size, self.device)
                 began = self.clock.read()
                 self._verify(cache, inputs, plan.n_nodes)

@@ -42,6 +42,7 @@ class VerifyPlan:
     parents:       [n_nodes] node-numbered parents (root: -1).
     candidates:    [n_nodes] bool, False for nodes that may never be accepted (the root counts as True);
                    None when every node may be.
+    depths:        [n_nodes] depth of every node (root: 0), the position offset each node is verified at.
     kinds:         the draft budget's kind of every kept token (kept numbering), None without a budget.
     draft_size:    len(draft), the size of the drafter's numbering.
     """
@@ -49,6 +50,7 @@ class VerifyPlan:
     draft_indices: np.ndarray
     node_tokens: np.ndarray
     parents: np.ndarray
+    depths: np.ndarray
     candidates: np.ndarray | None
     kinds: list[tuple] | None
     draft_size: int
@@ -84,8 +86,7 @@ class VerifyPlan:
         """Length of the longest path of candidate draft tokens (a chain's length); 0 for an empty draft."""
         if self.n_nodes == 1:
             return 0
-        depths = node_depths(self.parents)
-        return int(depths.max() if self.candidates is None else depths[self.candidates].max())
+        return int(self.depths.max() if self.candidates is None else self.depths[self.candidates].max())
 
 
 def plan_verification(draft: Draft, root_token: int, max_depth: int, max_nodes: int,
@@ -96,23 +97,24 @@ def plan_verification(draft: Draft, root_token: int, max_depth: int, max_nodes: 
     tokens = draft.token_ids.numpy()
     if budget is None and draft.parents is None and draft.candidates is None:
         count = min(tokens.size, max_depth, max_nodes)
-        kept = np.arange(count)
-        return VerifyPlan(kept, np.concatenate(([root_token], tokens[:count])), node_parents(chain_parents(count)),
-                          None, None, tokens.size)
+        return VerifyPlan(np.arange(count), np.concatenate(([root_token], tokens[:count])),
+                          node_parents(chain_parents(count)), np.arange(count + 1), None, None, tokens.size)
     parents = draft.parents.numpy() if draft.parents is not None else chain_parents(tokens.size)
     candidates = draft.candidates.numpy() if draft.candidates is not None else None
-    kept = select_nodes(parents, candidates, max_depth, max_nodes)
+    depths = node_depths(node_parents(parents))[1:]  # draft numbering; computed once, used three times
+    kept = select_nodes(parents, candidates, max_depth, max_nodes, depths)
     kinds = None
     if budget is not None and kept.size:
-        all_kinds = budget.kinds(parents, node_depths(node_parents(parents))[1:], draft.sources)
+        all_kinds = budget.kinds(parents, depths, draft.sources)
         chosen = budget.select(drafter_name, reindex_parents(parents, kept), [all_kinds[i] for i in kept],
                                None if candidates is None else candidates[kept])
         kept = kept[chosen]
         kinds = [all_kinds[i] for i in kept]
     kept_parents = reindex_parents(parents, kept) if kept.size < tokens.size else parents
     node_candidates = None if candidates is None else np.concatenate(([True], candidates[kept]))
+    # A kept node's parent is kept too, so its depth is the same in the cut tree.
     return VerifyPlan(kept, np.concatenate(([root_token], tokens[kept])), node_parents(kept_parents),
-                      node_candidates, kinds, tokens.size)
+                      np.concatenate(([0], depths[kept])), node_candidates, kinds, tokens.size)
 
 
 def verification_inputs(plan: VerifyPlan, start: int, padded_size: int, device: torch.device):
@@ -125,7 +127,7 @@ def verification_inputs(plan: VerifyPlan, start: int, padded_size: int, device: 
     tokens[:n_nodes] = plan.node_tokens
     tokens[n_nodes:] = plan.node_tokens[0]
     positions = np.full(padded_size, start, dtype=np.int64)
-    positions[:n_nodes] += node_depths(plan.parents)
+    positions[:n_nodes] += plan.depths
     visible = np.zeros((padded_size, padded_size), dtype=bool)
     visible[:n_nodes, :n_nodes] = ancestor_matrix(plan.parents)
     visible[np.arange(n_nodes, padded_size), np.arange(n_nodes, padded_size)] = True

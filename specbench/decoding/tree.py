@@ -57,13 +57,15 @@ def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
 
 
 def select_nodes(
-    draft_parents: np.ndarray, candidates: np.ndarray | None, max_depth: int, max_nodes: int
+    draft_parents: np.ndarray, candidates: np.ndarray | None, max_depth: int, max_nodes: int,
+    depths: np.ndarray | None = None,
 ) -> np.ndarray:
     """Indices (draft numbering) of the nodes to verify: candidates no deeper than ``max_depth`` (deeper
     ones could only yield more tokens than the budget allows), every non-candidate, and nothing whose parent
     was dropped; then the first ``max_nodes`` of those. Parents precede children, so any prefix of a valid
-    order stays a valid tree."""
-    depths = node_depths(node_parents(draft_parents))[1:]
+    order stays a valid tree. ``depths``: the draft nodes' depths (root children = 1), when the caller has them."""
+    if depths is None:
+        depths = node_depths(node_parents(draft_parents))[1:]
     keep = depths <= max_depth
     if candidates is not None:
         keep |= ~candidates
