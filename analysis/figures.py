@@ -31,7 +31,7 @@ def _save(figure, out: Path, name: str) -> list[Path]:
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     figure.tight_layout()
     for path in paths:
-        figure.savefig(path, dpi=150)
+        figure.savefig(path, dpi=150, bbox_inches="tight")  # keeps legends placed beside the axes
     plt.close(figure)
     return paths
 
@@ -47,7 +47,8 @@ def _grouped_bars(ax, table: pd.DataFrame, ylabel: str, reference: float | None 
     ax.set_ylabel(ylabel)
     if reference is not None:
         ax.axhline(reference, color="black", linewidth=0.8, linestyle="--")
-    ax.legend(fontsize=7, ncols=2)
+    # Beside the axes, never over the bars: a legend inside covered the tallest bar.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
 def _per_task(questions: pd.DataFrame, stat: str) -> pd.DataFrame:
@@ -73,15 +74,17 @@ def mat_per_task(questions, out):
 def latency_breakdown(steps, out):
     decode = steps[steps.step > 0]
     table = decode.groupby("label")[["draft_s", "verify_s", "overhead_s"]].mean() * 1000
-    figure, ax = plt.subplots(figsize=(7, 4))
+    figure, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(table) + 2.0), 4))
     bottom = np.zeros(len(table))
+    positions = np.arange(len(table))
     for column, name in (("draft_s", "draft"), ("verify_s", "verify"), ("overhead_s", "overhead")):
-        ax.bar(table.index, table[column], bottom=bottom, label=name)
+        ax.bar(positions, table[column], bottom=bottom, label=name)
         bottom += table[column].values
+    ax.set_xticks(positions)
+    ax.set_xticklabels(table.index, rotation=30, ha="right")  # long names slant instead of overlapping
     ax.set_ylabel("ms per step")
     ax.set_title("Latency per decoding step")
-    ax.tick_params(axis="x", rotation=20)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _save(figure, out, "latency_breakdown")
 
 
@@ -105,7 +108,7 @@ def hd_ablation(questions, steps, out):
             start += share[database].values
     right.set_xlabel("share of accepted draft tokens")
     right.set_title("Which database supplied them")
-    right.legend()
+    right.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _save(figure, out, "hd_ablation")
 
 

@@ -17,6 +17,7 @@ import yaml
 from specbench import metrics
 from specbench.data import task_of
 from specbench.records import STEP_COLUMNS, SUMMARY_KEYS
+from specbench.settings import method_name
 
 RUN_COLUMNS = ["run_dir", "model", "drafter", "label"]
 # tokens_per_s: metrics.answer_rate; accept_lengths: the per-step list (MAT needs it); accepted, steps: its sum
@@ -38,30 +39,61 @@ def find_run_dirs(paths) -> list[Path]:
     return sorted(found)
 
 
-def run_label(run_dir: Path, drafter: str) -> str:
-    """The drafter's name, plus the drafter/temperature overrides of a sweep job (``.hydra/overrides.yaml``),
-    so that the cells of an ablation stay apart: ``hd drafter.order=[context,model]``."""
+def run_label(run_dir: Path, summary: dict) -> str:
+    """The name a run is shown under: its method's name (``hd``, ``hd+budget``: drafter plus specbench's
+    tunings), with the temperature when it samples (``pld T=0.7``). Summaries written before the method name
+    was recorded get it from run.json's tuning switches."""
+    method = summary.get("method")
+    settings_file = run_dir / "run.json"
+    settings = json.loads(settings_file.read_text()) if settings_file.is_file() else {}
+    if not method:
+        method = method_name(summary["drafter"], settings.get("draft_budget", "off"), settings.get("verify_padding", "off"))
+    temperature = settings.get("temperature") or 0.0
+    return method if temperature == 0 else f"{method} T={temperature:g}"
+
+
+def sweep_overrides(run_dir: Path) -> dict[str, str]:
+    """The drafter overrides of a sweep job (``.hydra/overrides.yaml``), as {key without "drafter.": value}."""
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
     if not overrides_file.is_file():
-        return drafter
-    overrides = yaml.safe_load(overrides_file.read_text()) or []
-    salient = [o for o in overrides if o.startswith(("drafter.", "run.temperature", "run.top_p", "run.draft_budget"))
-               and not o.startswith("drafter.name")]
-    return " ".join([drafter, *sorted(salient)])
+        return {}
+    found = {}
+    for override in yaml.safe_load(overrides_file.read_text()) or []:
+        key, _, value = str(override).lstrip("+~").partition("=")
+        if key.startswith("drafter.") and key != "drafter.name":
+            found[key.removeprefix("drafter.")] = value
+    return found
 
 
-def _run_info(run_dir: Path) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return {"run_dir": str(run_dir), "model": summary["model"], "drafter": summary["drafter"],
-            "label": run_label(run_dir, summary["drafter"])}
+def run_infos(run_dirs: list[Path]) -> dict[Path, dict]:
+    """run_dir, model, drafter and label of each run. Runs of one model whose labels coincide but whose sweep
+    overrides differ (``drafter.gamma=2`` vs ``=4``) get the differing overrides appended, so that they stay
+    apart; repeats of one configuration keep one label and are averaged together by the tables."""
+    infos, overrides = {}, {}
+    for run_dir in run_dirs:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        infos[run_dir] = {"run_dir": str(run_dir), "model": summary["model"], "drafter": summary["drafter"],
+                          "label": run_label(run_dir, summary)}
+        overrides[run_dir] = sweep_overrides(run_dir)
+    groups: dict[tuple, list[Path]] = {}
+    for run_dir, info in infos.items():
+        groups.setdefault((info["model"], info["label"]), []).append(run_dir)
+    for members in groups.values():
+        keys = sorted({key for run_dir in members for key in overrides[run_dir]})
+        differing = [key for key in keys if len({overrides[run_dir].get(key) for run_dir in members}) > 1]
+        for run_dir in members:
+            extra = " ".join(f"{key}={overrides[run_dir].get(key, '-')}" for key in differing)
+            if extra:
+                infos[run_dir]["label"] += f" {extra}"
+    return infos
 
 
 def load_summaries(paths) -> pd.DataFrame:
     """One row per (run, task) with the run's model and drafter and the summary's statistics."""
     rows = []
-    for run_dir in find_run_dirs(paths):
+    infos = run_infos(find_run_dirs(paths))
+    for run_dir, info in infos.items():
         summary = json.loads((run_dir / "summary.json").read_text())
-        info = _run_info(run_dir)
         for task, stats in summary["tasks"].items():
             rows.append({**info, "task": task, **{key: stats.get(key) for key in SUMMARY_KEYS}})
     return pd.DataFrame(rows, columns=[*RUN_COLUMNS, "task", *SUMMARY_KEYS])
@@ -70,12 +102,12 @@ def load_summaries(paths) -> pd.DataFrame:
 def load_steps(paths) -> pd.DataFrame:
     """Every step record of every run, with the run's columns added."""
     frames = []
-    for run_dir in find_run_dirs(paths):
+    for run_dir, info in run_infos(find_run_dirs(paths)).items():
         steps_file = run_dir / "steps.parquet"
         if not steps_file.is_file():
             continue
         frame = pd.read_parquet(steps_file)
-        for column, value in reversed(list(_run_info(run_dir).items())):
+        for column, value in reversed(list(info.items())):
             frame.insert(0, column, value)
         frames.append(frame)
     if not frames:
@@ -124,12 +156,12 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
 def load_questions(paths) -> pd.DataFrame:
     """One row per (run, question): the method's and the paired baseline's tokens and seconds."""
     rows = []
-    for run_dir in find_run_dirs(paths):
+    for run_dir, info in run_infos(find_run_dirs(paths)).items():
         answers_file, baseline_file = run_dir / "answers.jsonl", run_dir / "baseline_answers.jsonl"
         if not answers_file.is_file():
             continue
         baseline = read_jsonl(baseline_file) if baseline_file.is_file() else None
-        rows += question_rows(read_jsonl(answers_file), baseline, _run_info(run_dir))
+        rows += question_rows(read_jsonl(answers_file), baseline, info)
     return pd.DataFrame(rows, columns=QUESTION_COLUMNS)
 
 

@@ -1,14 +1,19 @@
 """Every drafter on the same model and questions, each paired with the AR baseline per question.
 
-    python scripts/bench_drafters.py --limit-per-task 2 --max-new-tokens 128 --out runs/bench
-    python scripts/bench_drafters.py --drafters pld hd hd-lookahead -- model=vicuna-7b task.path=question.jsonl
+    python scripts/bench_drafters.py --limit-per-task 4 --max-new-tokens 256 --budget --out runs/bench
+    python scripts/bench_drafters.py --drafters pld hd hd+budget -- model=vicuna-7b task.path=question.jsonl
+    python scripts/bench_drafters.py --corpus sharegpt --model-db-prompts sharegpt --out runs/bench-sharegpt
 
-Each drafter runs as ``python -m specbench drafter=NAME`` would, into OUT/NAME (re-running resumes), then
-one table per measure is printed, per task: speedup (the fastest drafter of each task marked), mean accepted
-tokens (MAT), acceptance rate and questions identical to AR (with how many of the others differ at a near-tie
-or by a violation), all read from each run's summary.json, and the drafting latency per decoding step
-(prefill excluded) from its steps.parquet. Every one is defined in ``specbench.metrics``. ``hd-lookahead`` is
-HD with drafter.lookahead_branch=true.
+Each method runs as ``python -m specbench drafter=NAME`` would, into OUT/NAME (re-running resumes); a name
+ending in ``+budget`` (or ``+pad``) is the drafter with specbench's draft budget (or shape padding) on, and
+``--budget`` adds the ``+budget`` row of every drafter. Then one table per measure is printed, per task:
+speedup (the fastest method of each task marked), mean accepted tokens (MAT), acceptance rate, questions
+identical to AR (with how many of the others differ at a near-tie or by a violation), all read from each
+run's summary.json, and tokens verified and drafting milliseconds per decoding step (prefill excluded) from
+its steps.parquet. Every one is defined in ``specbench.metrics``.
+
+--corpus sets the statistics corpus of REST (drafter.corpus) and HD (drafter.statistics_corpus);
+--model-db-prompts the prompt set of HD's model database (drafter.model_db_build.prompts).
 """
 
 from __future__ import annotations
@@ -29,30 +34,52 @@ from specbench.errors import SpecbenchError
 from specbench.records import read_answers
 from specbench.runner import run_benchmark
 
-VARIANTS = {"hd-lookahead": ("hd", ["drafter.lookahead_branch=true", "drafter.name=hd-lookahead"])}
+TUNINGS = {"+budget": "run.draft_budget=auto", "+pad": "run.verify_padding=auto"}
+FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains"]
 MEASURES = (  # (summary key or column, format, title)
     ("speedup", "{:.2f}x", "speedup over AR (* fastest)"),
     ("mean_accepted_tokens", "{:.2f}", "mean accepted tokens (prefill included, bonus token included)"),
     ("acceptance_rate", "{:.3f}", "acceptance rate (accepted / drafted tokens)"),
+    ("verified", "{:.1f}", "tokens verified per decoding step (root, draft and window nodes)"),
     ("draft_ms", "{:.3f}", "drafting latency per decoding step (ms)"),
     ("exactness", "{}", "questions identical to AR (of the others: near-ties, violations)"),
 )
 
 
-def draft_ms_per_task(run_dir: Path) -> dict:
-    """Mean drafting milliseconds per decoding step of a run directory, per task and overall."""
+def per_step_means(run_dir: Path) -> dict:
+    """Per task and overall: mean drafting milliseconds and mean tokens verified per decoding step (prefill
+    excluded) of a run directory."""
     steps = pd.read_parquet(run_dir / "steps.parquet")
     task_of = {record["question_id"]: record["specbench"]["task"] for record in read_answers(run_dir)}
-    tasks = steps.question_id.map(task_of)
-    per_task = {task: 1000 * metrics.draft_seconds_per_step(part.draft_s.tolist(), part.step.tolist())
-                for task, part in steps.groupby(tasks)}
-    per_task["overall"] = 1000 * metrics.draft_seconds_per_step(steps.draft_s.tolist(), steps.step.tolist())
-    return per_task
+    groups = [(task, part) for task, part in steps.groupby(steps.question_id.map(task_of))] + [("overall", steps)]
+    return {task: {"draft_ms": 1000 * metrics.draft_seconds_per_step(part.draft_s.tolist(), part.step.tolist()),
+                   "verified": part[part.step > 0].verify_tokens.mean()}
+            for task, part in groups}
+
+
+def method_overrides(method: str, corpus: str | None, model_db_prompts: str | None) -> list[str]:
+    """The Hydra overrides of a method name: the drafter config, then one override per tuning suffix."""
+    drafter, tunings = method, []
+    while drafter.endswith(tuple(TUNINGS)):
+        suffix = next(suffix for suffix in TUNINGS if drafter.endswith(suffix))
+        drafter, tunings = drafter[: -len(suffix)], [TUNINGS[suffix], *tunings]
+    overrides = [f"drafter={drafter}", *tunings]
+    if corpus and drafter == "rest":
+        overrides.append(f"drafter.corpus={corpus}")
+    if corpus and drafter.startswith("hd"):
+        overrides.append(f"drafter.statistics_corpus={corpus}")
+    if model_db_prompts and drafter.startswith("hd"):
+        overrides.append(f"drafter.model_db_build.prompts={model_db_prompts}")
+    return overrides
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafters", nargs="+", default=["pld", "lookahead", "rest", "hd"])
+    parser.add_argument("--drafters", nargs="+", default=FAITHFUL,
+                        help="methods: drafter configs, optionally suffixed +budget / +pad")
+    parser.add_argument("--budget", action="store_true", help="also run every drafter's +budget row")
+    parser.add_argument("--corpus", default=None, help="statistics corpus of rest and hd (e.g. sharegpt)")
+    parser.add_argument("--model-db-prompts", default=None, help="prompt set of hd's model database (e.g. sharegpt)")
     parser.add_argument("--limit-per-task", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default="runs/bench_drafters")
@@ -60,10 +87,11 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
+    methods = [name for drafter in args.drafters for name in ([drafter, drafter + "+budget"] if args.budget else [drafter])]
     rows = []
-    for name in args.drafters:
-        drafter, extra = VARIANTS.get(name, (name, []))
-        overrides = [f"drafter={drafter}", *extra, f"run.max_new_tokens={args.max_new_tokens}", *args.overrides]
+    for name in methods:
+        overrides = [*method_overrides(name, args.corpus, args.model_db_prompts),
+                     f"run.max_new_tokens={args.max_new_tokens}", *args.overrides]
         if args.limit_per_task:
             overrides.append(f"task.limit_per_task={args.limit_per_task}")
         print(f"== {name}", flush=True)
@@ -74,20 +102,22 @@ def main() -> None:
             print(f"bench_drafters: error: {error}", file=sys.stderr)
             sys.exit(2)
         summary = json.loads((run_dir / "summary.json").read_text())
-        draft_ms = draft_ms_per_task(run_dir)
+        per_step = per_step_means(run_dir)
         for task, stats in summary["tasks"].items():
             # Summaries written before acceptance_rate, near_ties and violations existed lack them: shown as "-".
             exactness = exactness_cell(stats["questions"], stats.get("identical_to_baseline"),
                                        stats.get("near_ties"), stats.get("violations"))
             rows.append({"drafter": name, "task": task, "speedup": stats.get("speedup"),
                          "mean_accepted_tokens": stats.get("mean_accepted_tokens"),
-                         "acceptance_rate": stats.get("acceptance_rate"), "draft_ms": draft_ms.get(task),
+                         "acceptance_rate": stats.get("acceptance_rate"),
+                         "draft_ms": per_step.get(task, {}).get("draft_ms"),
+                         "verified": per_step.get(task, {}).get("verified"),
                          "exactness": exactness})
 
     table = pd.DataFrame(rows)
     order = [task for task in (*TASKS, "overall") if task in set(table.task)]
     for measure, fmt, title in MEASURES:
-        pivot = table.pivot(index="task", columns="drafter", values=measure).loc[order, args.drafters]
+        pivot = table.pivot(index="task", columns="drafter", values=measure).loc[order, methods]
         shown = pivot.map(lambda value: "-" if value is None or pd.isna(value) else fmt.format(value))
         if measure == "speedup":
             for task in order:

@@ -2,7 +2,10 @@
 greedy answers to a prompt set that is disjoint from the evaluation questions.
 
     python scripts/build_model_db.py --model smollm2-135m
-    python scripts/build_model_db.py --model vicuna-7b --prompts my_prompts.jsonl --out DIR
+    python scripts/build_model_db.py --model vicuna-7b --prompts hf:OpenAssistant/oasst1 --out DIR
+    python scripts/build_model_db.py --prompts sharegpt drafter.model_db_build.max_prompts=512
+
+Prompts sharing a word 8-gram with the evaluation questions (task.path, or the built-in sample) are left out.
 
 Without --out, the database goes where ``drafter.model_db=auto`` looks for it (for the same settings).
 Use a directory elsewhere with drafter.model_db=DIR.
@@ -25,9 +28,11 @@ from specbench.errors import SpecbenchError
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="a config in conf/model/")
-    parser.add_argument("--prompts", default=None, help="jsonl/text prompt file (default: the built-in set)")
+    parser.add_argument("--prompts", default=None,
+                        help="prompt set: a jsonl/text file, sharegpt, hf:OpenAssistant/oasst1 (default: the built-in set)")
     parser.add_argument("--out", default=None, help="output directory (default: where model_db=auto looks)")
-    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. drafter.key_tokens=1 run.device=cuda")
+    parser.add_argument("overrides", nargs="*",
+                        help="extra Hydra overrides, e.g. drafter.model_db_build.max_new_tokens=256 run.device=cuda")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -38,10 +43,9 @@ def main() -> None:
             settings["prompts"] = args.prompts
         target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
         if args.out:
-            build_model_db(target, Path(args.out), settings["prompts"], hd.key_tokens, settings["continuation_length"],
-                           settings["max_new_tokens"], settings["batch_size"], settings["max_ngrams"])
+            build_model_db(target, Path(args.out), settings, 1, hd.draft_length, hd.cache_dir)
         else:
-            model_db(target, "auto", hd.key_tokens, hd.draft_length, hd.per_key_capacity, settings, hd.cache_dir)
+            model_db(target, "auto", 1, hd.draft_length, hd.per_key_capacity, settings, hd.cache_dir)
     except SpecbenchError as error:
         print(f"build_model_db: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -9,7 +9,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from specbench.config import register_resolvers
 from specbench.errors import SpecbenchError
+
+register_resolvers()  # the configs interpolate ${method:...} and ${initials:...}
 
 log = logging.getLogger("specbench")
 
@@ -29,7 +32,7 @@ def main(cfg: DictConfig) -> None:
         print(f"\nspecbench: interrupted; finished questions are saved in {output_dir}; "
               "run the same command again to resume", file=sys.stderr)
         sys.exit(130)
-    print(f"\n{summary['model']} / {summary['drafter']}  ({output_dir})")
+    print(f"\n{summary['model']} / {summary.get('method', summary['drafter'])}  ({output_dir})")
     print(format_summary_table(summary))
     report = violation_report(summary, read_answers(output_dir))
     if report:

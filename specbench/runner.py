@@ -61,6 +61,9 @@ def answer_question(
     """Decode every turn of ``prompt``; a later turn's prompt holds the earlier turns and this decoder's own
     answers to them."""
     answer = Answer()
+    # What the draft budget learned belongs to one question, so that a question measures the same whatever ran
+    # before it, and a resumed run the same as an uninterrupted one.
+    decoder.forget_learning()
     for turn in range(len(prompt.turns)):
         prompt_ids = model.encode_conversation(list(prompt.turns[: turn + 1]), answer.texts)
         budget = model.max_context - len(prompt_ids)
@@ -200,7 +203,8 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
     run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
     finished = run_dir.open(run_settings)
     pending = [prompt for prompt in questions if prompt.question_id not in finished]
-    header = {"model": model.name, "drafter": drafter.name, "environment": environment(model)}
+    method = settings.method_name(drafter.name)
+    header = {"model": model.name, "drafter": drafter.name, "method": method, "environment": environment(model)}
     if finished:
         log.info("resuming in %s: %d of %d questions already done", output_dir, len(questions) - len(pending), len(questions))
 
@@ -210,7 +214,7 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
         _warm_up(settings, model, decoder, drafter, baseline, pending[0], run_dir.path)
 
     bar = tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
-               desc=f"{drafter.name} vs ar" if settings.baseline else drafter.name, dynamic_ncols=True)
+               desc=f"{method} vs ar" if settings.baseline else method, dynamic_ncols=True)
     live = LiveRate(bar)
     summary = run_dir.write_summary(header)
     try:
@@ -222,15 +226,15 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
             for role, which in decoders:
                 live.label = f"q{prompt.question_id} {which.name}"
                 answers[role] = answer_question(model, decoder, which, prompt, settings.max_new_tokens, live)
-            method, baseline_answer = answers["method"], answers.get("baseline")
-            identical, mismatch = compare_with_baseline(method, baseline_answer, settings.tolerance(dtype),
+            method_answer, baseline_answer = answers["method"], answers.get("baseline")
+            identical, mismatch = compare_with_baseline(method_answer, baseline_answer, settings.tolerance(dtype),
                                                         exact=sampling.greedy)
             if mismatch is not None and mismatch.kind == "violation":
                 log.warning("question %s differs from the baseline beyond a near-tie: %s", prompt.question_id, mismatch)
             run_dir.add(
-                method.to_record(prompt, f"{model.name}-{drafter.name}", identical, mismatch),
+                method_answer.to_record(prompt, f"{model.name}-{method}", identical, mismatch),
                 None if baseline_answer is None else baseline_answer.to_record(prompt, f"{model.name}-ar", None),
-                method.step_rows(prompt.question_id),
+                method_answer.step_rows(prompt.question_id),
             )
             summary = run_dir.write_summary(header)
             overall = summary["tasks"]["overall"]
@@ -260,15 +264,21 @@ def first_turn_ids(model: LoadedModel, prompt: Prompt) -> list[int]:
     return prompt_ids
 
 
-def calibrate(settings: RunSettings, model: LoadedModel, decoder: Decoder, prompt_ids: list[int]) -> dict[int, float]:
-    """Measure the target's verify latency per token count on ``prompt_ids`` and set up shape padding
-    (run.verify_padding) and the draft budget (run.draft_budget) on ``decoder``; return the latencies."""
+def calibrate(settings: RunSettings, model: LoadedModel, decoder: Decoder, prompt_ids: list[int],
+              measured: dict[int, float] | None = None) -> dict[int, float]:
+    """Measure the target's verify latency per token count on ``prompt_ids`` (or take the ``measured`` ones
+    of an earlier session of this run) and set up shape padding (run.verify_padding) and the draft budget
+    (run.draft_budget) on ``decoder``; return the latencies."""
     if settings.verify_padding == "off" and settings.draft_budget == "off":
         return {}
     sizes = settings.calibration_grid(min(settings.max_draft_tokens + 1, model.max_context - len(prompt_ids)))
     if settings.draft_budget == "off":
         sizes = [size for size in sizes if size <= settings.verify_padding_max]
-    latencies = decoder.measure_verify_latency(prompt_ids, sizes, repeats=settings.calibration_repeats)
+    if measured is not None:
+        sizes = sorted(measured)
+        latencies = dict(measured)
+    else:
+        latencies = decoder.measure_verify_latency(prompt_ids, sizes, repeats=settings.calibration_repeats)
     if settings.verify_padding == "auto":
         padding_sizes = {size: latencies[size] for size in sizes if size <= settings.verify_padding_max}
         decoder.verify_shapes = VerifyShapes.from_latencies(padding_sizes, min_gain=settings.verify_padding_min_gain)
@@ -285,6 +295,20 @@ def calibrate(settings: RunSettings, model: LoadedModel, decoder: Decoder, promp
     return latencies
 
 
+def saved_latencies(latency_file: Path) -> dict[int, float] | None:
+    """The verify latencies an earlier session of this run measured, if any: a resumed run reuses them, so its
+    padding and draft budget decide as the uninterrupted run's did (a new calibration would measure another
+    question on a machine in another state)."""
+    if not latency_file.is_file():
+        return None
+    try:
+        saved = json.loads(latency_file.read_text())["latency_s"]
+        return {int(size): float(seconds) for size, seconds in saved.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        log.warning("%s is damaged; calibrating again", latency_file)
+        return None
+
+
 def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:
     """Decode untimed, so that lazy initialisation and caches do not land in the first question; then
     calibrate the decoder (verify latency per token count) and record what was measured."""
@@ -293,11 +317,13 @@ def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, 
     for _ in range(settings.warmup_runs):
         for which in (drafter, baseline):
             decoder.generate(prompt_ids, which, budget)
-    latencies = calibrate(settings, model, decoder, prompt_ids)
-    if latencies:
+    latency_file = run_path / "verify_latency.json"
+    saved = saved_latencies(latency_file)
+    latencies = calibrate(settings, model, decoder, prompt_ids, measured=saved)
+    if latencies and saved is None:
         padded = {size: decoder.verify_shapes.padded(size) for size in latencies
                   if decoder.verify_shapes.padded(size) != size}
         log.info("verify latency by tokens verified: %s; padding %s",
                  ", ".join(f"{size}:{seconds * 1000:.1f}ms" for size, seconds in latencies.items()), padded or "none")
-        (run_path / "verify_latency.json").write_text(
+        latency_file.write_text(
             json.dumps({"latency_s": latencies, "pad_to": padded, "context_len": len(prompt_ids)}, indent=2) + "\n")

@@ -26,13 +26,13 @@ class RunSettings:
     warmup_runs: int = 1
     warmup_max_new_tokens: int = 32
     max_draft_tokens: int = 64
-    verify_padding: str = "auto"
+    verify_padding: str = "off"
     verify_padding_max: int = 16
     verify_padding_min_gain: float = 0.1
     calibration_repeats: int = 5
     calibration_sizes: list[int] = field(default_factory=lambda: list(CALIBRATION_SIZES))
     verify_cost_smoothing: float = 0.1
-    draft_budget: str = "auto"
+    draft_budget: str = "off"
     draft_budget_prior: float = 0.5
     draft_budget_prior_weight: float = 2.0
     draft_budget_explore: float = 0.3
@@ -96,6 +96,10 @@ class RunSettings:
         if self.threads is not None:
             _require_int("threads", self.threads, minimum=1, extra="or null")
 
+    def method_name(self, drafter_name: str) -> str:
+        """The name a run's results are shown under: see ``method_name``."""
+        return method_name(drafter_name, self.draft_budget, self.verify_padding)
+
     def tolerance(self, dtype: str) -> float:
         """The near-tie tolerance in logits for a model of ``dtype`` ("float32", ...)."""
         if self.near_tie_tolerance != "auto":
@@ -106,6 +110,20 @@ class RunSettings:
         """The token counts whose verify latency is measured, up to ``largest`` (always included)."""
         sizes = sorted(size for size in set(self.calibration_sizes) if size <= largest)
         return sizes if sizes and sizes[-1] == largest else [*sizes, largest]
+
+
+TUNING_SUFFIXES = (("draft_budget", "+budget"), ("verify_padding", "+pad"))
+
+
+def method_name(drafter_name: str, draft_budget: str = "off", verify_padding: str = "off") -> str:
+    """A drafter's name with a suffix per tuning of specbench's own that is on, so that a tuned method is never
+    shown under a published method's name: ``hd``, ``hd+budget``, ``pld+budget+pad``.
+
+    >>> method_name("hd", draft_budget="auto")
+    'hd+budget'
+    """
+    switches = {"draft_budget": draft_budget, "verify_padding": verify_padding}
+    return drafter_name + "".join(suffix for key, suffix in TUNING_SUFFIXES if switches[key] != "off")
 
 
 def _is_number(value) -> bool:

@@ -7,6 +7,7 @@ from specbench.decoding.budget import (
     VerifyCost,
     node_kinds,
 )
+from specbench.decoding.contract import Draft
 from specbench.decoding.loop import Decoder
 from specbench.decoding.tree import chain_parents
 from specbench.settings import RunSettings
@@ -87,3 +88,27 @@ def test_a_budget_changes_speed_never_output(tiny, prompt_ids):
         right = decoder.generate(ids, ScriptedDrafter(expected, 6), 40)
         assert right.token_ids == expected
         assert max(s.accepted_tokens for s in right.steps) > 3
+
+
+def test_what_the_budget_learned_belongs_to_one_question(tiny, prompt_ids):
+    """A question decodes the same whether other questions ran before it (answer_question resets the budget's
+    estimates), so an interrupted and resumed run measures what an uninterrupted one does."""
+    from specbench.data import Prompt
+    from specbench.runner import answer_question
+
+    def budget_decoder():
+        return Decoder(tiny.model, frozenset(), 64,
+                       draft_budget=DraftBudget(lambda sizes: 1.0 + 0.4 * (np.asarray(sizes) - 1), explore=0.1))
+
+    class Constant(ScriptedDrafter):  # the same six tokens every step: rarely right, so the budget learns to cut
+        def propose(self, context_ids):
+            return Draft.chain(np.arange(10, 16))
+
+    questions = [Prompt(question_id=n, category="qa", task="qa", turns=(f"Question {n}: what is {n} + {n}?",))
+                 for n in range(3)]
+    drafter = Constant([], 6)
+    shared = budget_decoder()
+    after_others = [answer_question(tiny, shared, drafter, question, 24) for question in questions][-1]
+    alone = answer_question(tiny, budget_decoder(), drafter, questions[-1], 24)
+    assert [s.draft_tokens for s in after_others.steps[0]] == [s.draft_tokens for s in alone.steps[0]]
+    assert alone.steps[0][1].draft_tokens > 0  # a fresh question starts from the prior: the draft is tried

@@ -86,6 +86,23 @@ def test_resume_with_other_settings_is_refused_and_keeps_the_results(finished_ru
     assert (run_dir / "answers.jsonl").read_text() == before
 
 
+def test_a_resumed_budget_run_reuses_its_calibration_and_is_named_as_tuned(tmp_path):
+    """The draft budget decides from the verify latencies calibrated at the start: a resumed run takes them from
+    verify_latency.json instead of measuring another question on a machine in another state."""
+    tuned = [*TINY, "run.max_new_tokens=12", "run.draft_budget=auto", "task.tasks=[qa]", f"hydra.run.dir={tmp_path}"]
+    result = specbench(*tuned, "task.limit_per_task=1")
+    assert result.returncode == 0, result.stderr
+    calibration = (tmp_path / "verify_latency.json").read_text()
+    result = specbench(*tuned, "task.limit_per_task=2")
+    assert result.returncode == 0, result.stderr
+    assert len(read_jsonl(tmp_path / "answers.jsonl")) == 2
+    assert (tmp_path / "verify_latency.json").read_text() == calibration
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["drafter"], summary["method"]) == ("pld", "pld+budget")
+    assert {record["model_id"] for record in read_jsonl(tmp_path / "answers.jsonl")} == {"tiny-random-pld+budget"}
+    assert "tiny-random / pld+budget" in result.stdout
+
+
 def one_line_error(result):
     """The error is one line, the last thing printed (progress bars may come before it), no traceback."""
     lines = result.stderr.strip().splitlines()

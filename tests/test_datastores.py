@@ -45,26 +45,25 @@ def test_longest_suffix_wins(store):
     assert store.longest_suffix_match(np.array([9, 2, 3]), max_length=2, min_length=2)[0] == 2
 
 
-def test_continuations_stop_at_document_end_and_rank_by_count(store):
+def test_continuations_stop_at_document_end_and_come_in_suffix_array_order(store):
     lo, hi = store.find(np.array([2, 3]))
     matrix = store.continuation_matrix(lo, hi, 2, 3, max_matches=100)
     assert sorted(matrix.tolist()) == [[4, 5, SEPARATOR], [4, 6, SEPARATOR], [7, SEPARATOR, SEPARATOR]]
-    top = store.continuations(lo, hi, 2, 1, max_matches=100, top=5)
-    assert top.sequences.tolist() == [[4], [7]] and top.counts.tolist() == [2, 1]
-    assert store.continuations(lo, hi, 2, 3, max_matches=100, top=5).sequences.shape == (0, 3)
+    # more matches than max_matches: the first ones in suffix-array order (REST), or thinned evenly
+    assert store.continuation_matrix(lo, hi, 2, 3, max_matches=2, sample="first").tolist() == sorted(matrix.tolist())[:2]
 
 
 def test_frequent_prefix_trie_example_from_the_docstring():
     rows = np.array([[1, 2], [1, 2], [1, 3], [4, 5]])
-    tokens, parents = frequent_prefix_trie(rows, 3)
-    assert tokens.tolist() == [1, 4, 2] and parents.tolist() == [-1, -1, 0]
-    tokens, parents = frequent_prefix_trie(rows, 10)
+    tokens, parents, counts = frequent_prefix_trie(rows, 3)
+    assert tokens.tolist() == [1, 4, 2] and parents.tolist() == [-1, -1, 0] and counts.tolist() == [3, 1, 2]
+    tokens, parents, _ = frequent_prefix_trie(rows, 10)
     assert tokens.tolist() == [1, 4, 2, 3, 5] and parents.tolist() == [-1, -1, 0, 0, 1]
 
 
 def test_frequent_prefix_trie_skips_ended_rows():
     rows = np.array([[1, SEPARATOR], [1, 2], [3, SEPARATOR]])
-    tokens, parents = frequent_prefix_trie(rows, 10)
+    tokens, parents, _ = frequent_prefix_trie(rows, 10)
     assert tokens.tolist() == [1, 3, 2] and parents.tolist() == [-1, -1, 0]
 
 

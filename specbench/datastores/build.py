@@ -21,7 +21,9 @@ from specbench.datastores.model_db import (
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.errors import SpecbenchError
 from specbench.models import cache_root, cached_path
-from specbench.target_answers import MODEL_DB_PROMPTS, target_answers
+from specbench.data import read_questions
+from specbench.datastores.prompts import MODEL_DB_PROMPTS, drop_overlapping, model_db_prompts
+from specbench.target_answers import target_answers
 
 log = logging.getLogger(__name__)
 
@@ -70,31 +72,58 @@ def statistics_datastore(target, path: str, corpus: str = DEFAULT_CORPUS, cache_
     return TokenDatastore.load(directory, target.tokenizer_fingerprint)
 
 
-def build_model_db(target, directory: Path, prompts_file: str | None, key_tokens: int, continuation_length: int,
-                   max_new_tokens: int, batch_size: int, max_ngrams: int, cache_dir: str | None = None) -> None:
-    prompts_path = Path(prompts_file) if prompts_file else MODEL_DB_PROMPTS
-    answers = [answer for _, answer in target_answers(target, prompts_file, max_new_tokens, batch_size, cache_dir)]
-    tables = count_document_ngrams(answers, key_tokens, continuation_length, max_ngrams)
+def model_db_prompt_set(build: dict) -> tuple[list[str], dict]:
+    """The prompts a model database is built from, per ``build`` (prompts, exclude_questions, max_prompts):
+    the prompt set without the prompts that share a word 8-gram with any evaluation question (the question
+    file in use, or the built-in sample), then the first max_prompts; and what was done, for the manifest."""
+    prompts = model_db_prompts(build.get("prompts"))
+    questions = [turn for prompt in read_questions(build.get("exclude_questions")) for turn in prompt.turns]
+    kept, dropped = drop_overlapping(prompts, questions)
+    if dropped:
+        log.info("model database prompts: %d of %d share a word 8-gram with the evaluation questions and are left out",
+                 dropped, len(prompts))
+    if not kept:
+        raise SpecbenchError(f"every prompt of {build.get('prompts') or MODEL_DB_PROMPTS} overlaps the evaluation "
+                             "questions; give drafter.model_db_build.prompts another prompt set")
+    limit = build.get("max_prompts")
+    kept = kept[:limit] if limit else kept
+    return kept, {"prompts": str(build.get("prompts") or MODEL_DB_PROMPTS), "prompts_available": len(prompts),
+                  "prompts_overlapping_questions": dropped, "exclude_questions": build.get("exclude_questions"),
+                  "prompts_used": len(kept)}
+
+
+def build_model_db(target, directory: Path, build: dict, key_tokens: int, continuation_length: int,
+                   cache_dir: str | None = None) -> None:
+    """Build HD's model database in ``directory``: the target's greedy answers (``build``: max_new_tokens,
+    batch_size) to the prompt set (``model_db_prompt_set``), whose n-grams are counted by document frequency
+    (max_ngrams kept; include_final_ngram)."""
+    prompts, provenance = model_db_prompt_set(build)
+    answers = [answer for _, answer in target_answers(target, prompts, build["max_new_tokens"], build["batch_size"],
+                                                      cache_dir)]
+    tables = count_document_ngrams(answers, key_tokens, continuation_length, build["max_ngrams"],
+                                   include_final=build.get("include_final_ngram", True))
     save_model_db(directory, tables, {
         "model": {"name": target.name, "source": target.source},
         "tokenizer": tokenizer_manifest(target),
-        "prompts": str(prompts_path), "answers": len(answers), "answer_tokens": sum(map(len, answers)),
-        "max_new_tokens": max_new_tokens, "key_tokens": key_tokens, "continuation_length": continuation_length,
-        "counting": "document frequency", "specbench": specbench.__version__,
+        **provenance, "answers": len(answers), "answer_tokens": sum(map(len, answers)),
+        "max_new_tokens": build["max_new_tokens"], "key_tokens": key_tokens,
+        "continuation_length": continuation_length, "counting": "document frequency",
+        "include_final_ngram": build.get("include_final_ngram", True), "specbench": specbench.__version__,
     })
-    log.info("model database from %d answers written to %s", len(answers), directory)
+    log.info("model database from %d answers (%d tokens) written to %s", len(answers), sum(map(len, answers)), directory)
 
 
 def model_db(target, path: str, key_tokens: int, continuation_length: int, capacity: int, build: dict,
-             cache_dir: str | None = None):
-    """The model database at ``path``, or with ``path="auto"`` the cached one for this model and settings,
-    built first if missing (``build``: prompts, continuation_length, max_new_tokens, batch_size, max_ngrams).
-    A database serves any continuation length up to the one it was built with."""
+             cache_dir: str | None = None, least_frequent_first: bool = False):
+    """The model database at ``path``, or with ``path="auto"`` the cached one for this model and ``build``
+    settings (see ``build_model_db``), built first if missing. A database serves any continuation length up
+    to the one it was built with."""
     if path == "auto":
-        directory = cached_path(cache_dir, "model_db", target.name, {"source": target.source, "key": key_tokens, **build})
+        settings = {"source": target.source, "key": key_tokens, "continuation": continuation_length, **build}
+        directory = cached_path(cache_dir, "model_db", target.name, settings)
         if not (directory / "manifest.json").is_file():
             log.info("building the model database for %s (once; cached in %s)", target.name, directory)
-            build_model_db(target, directory, build.get("prompts"), key_tokens, build["continuation_length"],
-                           build["max_new_tokens"], build["batch_size"], build["max_ngrams"], cache_dir)
+            build_model_db(target, directory, build, key_tokens, continuation_length, cache_dir)
         path = str(directory)
-    return load_model_db(path, target.tokenizer_fingerprint, key_tokens, continuation_length, capacity)
+    return load_model_db(path, target.tokenizer_fingerprint, key_tokens, continuation_length, capacity,
+                         least_frequent_first)

@@ -4,6 +4,10 @@ The default statistics corpus is the Python 3 documentation (tutorial, library r
 release notes: 512 reStructuredText files, about 11 MB of English prose and code, PSF License) from Debian's
 ``python3-doc`` package; ``./setup.sh`` unpacks it into the specbench cache without installing anything
 system-wide. It holds none of Spec-Bench's questions or answers.
+
+The papers' corpora can be named too: ``hf:stingning/ultrachat`` (UltraChat, what REST's chat datastore and HD's
+statistics database were built from; every utterance is one document, as REST's get_datastore_chat.py adds them)
+and the opt-in ``sharegpt`` (ShareGPT's assistant turns, see specbench/datastores/sharegpt.py).
 """
 
 from __future__ import annotations
@@ -11,6 +15,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specbench.datastores.sharegpt import (
+    SHAREGPT,
+    assistant_turns,
+    bundled_sharegpt_file,
+    is_sharegpt_spec,
+    load_sharegpt,
+)
 from specbench.errors import SpecbenchError
 
 DEFAULT_CORPUS = "python-docs"
@@ -25,7 +36,13 @@ def default_corpus_dirs(cache: Path) -> list[Path]:
 
 
 def resolve_corpus(spec: str, cache: Path) -> list[str]:
-    """Paths (or one ``hf:`` id) for a corpus spec: ``python-docs`` (the default) or comma-separated paths."""
+    """Sources for a corpus spec: ``python-docs`` (the default), ``sharegpt`` (opt-in), or comma-separated paths,
+    ``hf:`` ids, ``sharegpt`` and ``sharegpt:FILE``. ``sharegpt`` stays a name in the sources, so that
+    ``iter_documents`` checks the hash of the very bytes it parses; a missing package is reported here, before
+    any model is loaded."""
+    if spec == SHAREGPT:
+        bundled_sharegpt_file()
+        return [SHAREGPT]
     if spec == DEFAULT_CORPUS:
         found = default_corpus_dirs(cache)
         if not found:
@@ -41,8 +58,13 @@ def resolve_corpus(spec: str, cache: Path) -> list[str]:
 def iter_documents(sources: list[str]):
     """Yield the text of every document: a text file is one document; a jsonl line is one document (its
     ``text`` field, the ``value``/``content`` of each ShareGPT/chat message, or a Spec-Bench-style ``turns``
-    list); a directory is every such file below it; ``hf:owner/name[:split]`` is a hub dataset's rows."""
+    list; an UltraChat ``data`` list of strings gives one document per string); a directory is every such file
+    below it; ``hf:owner/name[:split]`` is a hub dataset's rows, read the same way; ``sharegpt`` and
+    ``sharegpt:FILE`` give one document per assistant turn."""
     for source in sources:
+        if is_sharegpt_spec(source):
+            yield from assistant_turns(load_sharegpt(source))
+            continue
         if source.startswith("hf:"):
             yield from _hub_documents(source[3:])
             continue
@@ -76,30 +98,46 @@ def _record_text(record) -> str:
     return ""
 
 
+def record_documents(record) -> list[str]:
+    """The documents in one jsonl line or hub row: UltraChat's ``{"data": [utterance, ...]}`` gives one per
+    non-empty utterance (as REST's get_datastore_chat.py adds them to its datastore), any other record one."""
+    data = record.get("data") if isinstance(record, dict) else None
+    if isinstance(data, list) and data and all(isinstance(item, str) for item in data):
+        return [item for item in data if item]
+    text = _record_text(record)
+    return [text] if text else []
+
+
 def _jsonl_documents(file: Path):
     with file.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                text = _record_text(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
                 raise SpecbenchError(f"{file}, line {number}: not valid JSON") from None
-            if text:
-                yield text
+            yield from record_documents(record)
 
 
-def _hub_documents(spec: str):
+def split_hub_spec(spec: str) -> tuple[str, str]:
+    """``owner/name[:split]`` (after ``hf:``) -> (name, split); the split defaults to ``train``."""
     name, _, split = spec.partition(":")
+    return name, split or "train"
+
+
+def load_hub_rows(name: str, split: str):
+    """The rows of a hub dataset split. ``datasets`` is imported only here, so that specbench runs without it."""
     try:
         from datasets import load_dataset
     except ImportError:
-        raise SpecbenchError("reading a hub dataset needs the `datasets` package: pip install datasets") from None
+        raise SpecbenchError(f"hf:{name} needs the `datasets` package: pip install datasets") from None
     try:
-        rows = load_dataset(name, split=split or "train")
-    except Exception as error:  # unreachable hub, unknown dataset
-        raise SpecbenchError(f"corpus hf:{spec}: could not load it ({type(error).__name__}: {error})") from None
-    for row in rows:
-        text = _record_text(row)
-        if text:
-            yield text
+        return load_dataset(name, split=split)
+    except Exception as error:  # unreachable hub, unknown dataset or split
+        raise SpecbenchError(f"hf:{name}:{split}: could not load it ({type(error).__name__}: {error})") from None
+
+
+def _hub_documents(spec: str):
+    for row in load_hub_rows(*split_hub_spec(spec)):
+        yield from record_documents(row)

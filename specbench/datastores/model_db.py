@@ -24,16 +24,20 @@ from specbench.errors import SpecbenchError
 FORMAT_VERSION = 1
 
 
-def count_document_ngrams(documents, key_tokens: int, continuation_length: int, max_ngrams: int) -> dict:
+def count_document_ngrams(documents, key_tokens: int, continuation_length: int, max_ngrams: int,
+                          include_final: bool = True) -> dict:
     """{k: (ngrams [m, k + continuation_length], counts [m])} for k = 1..key_tokens: the ``max_ngrams``
-    n-grams of each length that occur in the most documents."""
+    n-grams of each length that occur in the most documents (ties: first seen first).
+    ``include_final=False`` skips each document's last n-gram, as HD's construct_model_DB.py does
+    (``range(0, len(tokens) - LEVEL)``)."""
     tables = {}
     for key_length in range(1, key_tokens + 1):
         size = key_length + continuation_length
         frequency: Counter = Counter()
         for document in documents:
             values = list(document)
-            frequency.update({tuple(values[i : i + size]) for i in range(len(values) - size + 1)})
+            last = len(values) - size + (1 if include_final else 0)
+            frequency.update(list(dict.fromkeys(tuple(values[i : i + size]) for i in range(last))))
         common = frequency.most_common(max_ngrams)
         ngrams = np.array([ngram for ngram, _ in common], dtype=np.int32).reshape(len(common), size)
         counts = np.array([count for _, count in common], dtype=np.int64)
@@ -68,11 +72,13 @@ def save_model_db(directory: str | Path, tables: dict, manifest: dict) -> None:
 
 
 def load_model_db(directory: str | Path, tokenizer_fingerprint: str, key_tokens: int, continuation_length: int,
-                  capacity: int) -> RankedNGrams:
+                  capacity: int, least_frequent_first: bool = False) -> RankedNGrams:
     """The model database for lookups with keys of up to ``key_tokens`` tokens and continuations of (at most)
     ``continuation_length`` tokens, checked against the target's tokenizer. A database built with longer
     continuations serves shorter ones (truncated, counts merged); one built with shorter continuations
-    serves them as they are."""
+    serves them as they are. Each key keeps its ``capacity`` most frequent continuations, listed most
+    frequent first, or least frequent first (HD's code inserts them in ascending frequency into lists that
+    keep the last ``capacity``)."""
     directory = Path(directory)
     rebuild = "build one with scripts/build_model_db.py"
     manifest_file = directory / "manifest.json"
@@ -99,4 +105,6 @@ def load_model_db(directory: str | Path, tokenizer_fingerprint: str, key_tokens:
         ngrams, counts = tables[key_length]
         ngrams, counts = merge_truncated(ngrams[:, : key_length + continuation_length], counts)
         RankedNGrams.from_counts(ngrams, counts, key_length, capacity, table)
+    if least_frequent_first:
+        table = {key: entries[::-1] for key, entries in table.items()}
     return RankedNGrams(table, key_tokens)

@@ -65,15 +65,16 @@ class NGramPool:
         self.add_sequence(tokens, first_end=tail.size)
         return tokens[-keep:]
 
-    def lookup(self, context: np.ndarray, limit: int) -> list[tuple[int, ...]]:
-        """Up to ``limit`` distinct continuations of ``context``: longest key first, most recent first."""
+    def lookup(self, context: np.ndarray, limit: int, oldest_first: bool = False) -> list[tuple[int, ...]]:
+        """Up to ``limit`` distinct continuations of ``context``: longest key first, most recent first (or, with
+        ``oldest_first``, in the order lade's and HD's lists hold them: least recently added first)."""
         found: list[tuple[int, ...]] = []
         tail = context[-self.key_tokens:].tolist()
         for key_length in range(min(self.key_tokens, len(tail)), 0, -1):
             entries = self.table.get(tuple(tail[len(tail) - key_length:]))
             if not entries:
                 continue
-            for continuation in reversed(entries):
+            for continuation in (entries if oldest_first else reversed(entries)):
                 if continuation not in found:
                     found.append(continuation)
                     if len(found) == limit:

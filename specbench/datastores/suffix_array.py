@@ -14,7 +14,6 @@ import bisect
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,17 +22,6 @@ from specbench.errors import SpecbenchError
 
 FORMAT_VERSION = 1
 SEPARATOR = -1  # ends every document; queries never contain it, so no match or continuation crosses documents
-
-
-@dataclass(frozen=True)
-class Continuations:
-    """Distinct continuations of one context match, most frequent first.
-
-    sequences: [k, length] token ids; counts: [k] how many corpus occurrences continue that way.
-    """
-
-    sequences: np.ndarray
-    counts: np.ndarray
 
 
 class TokenDatastore:
@@ -147,13 +135,19 @@ class TokenDatastore:
                 high = length - 1
         return best
 
-    def continuation_matrix(self, lo: int, hi: int, offset: int, length: int, max_matches: int) -> np.ndarray:
+    def continuation_matrix(self, lo: int, hi: int, offset: int, length: int, max_matches: int,
+                            sample: str = "even") -> np.ndarray:
         """[m, length] tokens following the matches of ranks [lo, hi), each starting ``offset`` tokens after
         the match start; positions past the end of a document hold SEPARATOR. Rows stay in suffix-array
-        order, so equal prefixes are adjacent. More than ``max_matches`` matches are thinned evenly."""
+        order, so equal prefixes are adjacent. More than ``max_matches`` matches are thinned evenly
+        (``sample="even"``) or cut to the first ``max_matches`` in suffix-array order (``"first"``, REST's
+        DraftRetriever: the matches whose continuations sort first)."""
         ranks = np.arange(lo, hi)
         if ranks.size > max_matches:
-            ranks = ranks[np.linspace(0, ranks.size - 1, max_matches).astype(np.int64)]
+            if sample == "first":
+                ranks = ranks[:max_matches]
+            else:
+                ranks = ranks[np.linspace(0, ranks.size - 1, max_matches).astype(np.int64)]
         starts = self.suffixes[ranks].astype(np.int64) + offset
         positions = np.minimum(starts[:, None] + np.arange(length), self.tokens.size - 1)
         matrix = self.tokens[positions]
@@ -161,18 +155,6 @@ class TokenDatastore:
         ended = np.logical_or.accumulate(matrix == SEPARATOR, axis=1)
         matrix[ended] = SEPARATOR
         return matrix
-
-    def continuations(self, lo: int, hi: int, offset: int, length: int, max_matches: int, top: int) -> Continuations:
-        """The ``top`` most frequent full-length continuations of the matches of ranks [lo, hi)."""
-        matrix = self.continuation_matrix(lo, hi, offset, length, max_matches)
-        matrix = matrix[(matrix != SEPARATOR).all(axis=1)]
-        if matrix.shape[0] == 0:
-            return Continuations(np.empty((0, length), dtype=np.int64), np.empty(0, dtype=np.int64))
-        starts = prefix_group_starts(matrix)[:, length - 1]
-        first_rows = np.flatnonzero(starts)
-        counts = np.diff(np.append(first_rows, matrix.shape[0]))
-        order = np.argsort(-counts, kind="stable")[:top]
-        return Continuations(matrix[first_rows[order]].astype(np.int64), counts[order])
 
 
 def prefix_group_starts(matrix: np.ndarray) -> np.ndarray:

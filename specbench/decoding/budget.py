@@ -38,8 +38,14 @@ class VerifyCost:
     ``interpolate_latency``."""
 
     def __init__(self, latencies: dict[int, float], smoothing: float = 0.1):
+        self.calibrated = dict(latencies)
         self.latencies = dict(latencies)
         self.smoothing = smoothing
+        self._grid = None
+
+    def forget(self) -> None:
+        """Back to the calibrated latencies (what the step timings taught is dropped)."""
+        self.latencies = dict(self.calibrated)
         self._grid = None
 
     def observe(self, size: int, seconds: float) -> None:
@@ -88,6 +94,10 @@ class DraftBudget:
         self.max_depth = max_depth
         self.max_rank = max_rank
         self.counts: dict[str, dict[tuple, list[float]]] = {}
+
+    def forget(self) -> None:
+        """Drop every acceptance estimate: back to the prior."""
+        self.counts.clear()
 
     def kinds(self, parents: np.ndarray, depths: np.ndarray, sources) -> list[tuple]:
         """``node_kinds`` with this budget's caps."""

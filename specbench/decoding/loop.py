@@ -204,6 +204,14 @@ class Decoder:
             # A boolean 4-D mask means "may attend" to SDPA; eager attention would add it as a bias.
             raise ValueError("the target model must use SDPA attention for tree verification")
 
+    def forget_learning(self) -> None:
+        """Reset what the draft budget and the verify cost learned from earlier steps to their calibrated
+        start, so that the next question is decoded as if it were the first."""
+        if self.draft_budget is not None:
+            self.draft_budget.forget()
+        if self.verify_cost is not None:
+            self.verify_cost.forget()
+
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int, on_step=None,
                  seed: int | None = None) -> Generation:

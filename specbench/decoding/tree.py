@@ -99,6 +99,39 @@ def trie_from_sequences(sequences, labels=None) -> tuple[np.ndarray, np.ndarray,
     return np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64), node_labels
 
 
+def chains(sequences, labels=None, accept_last: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """Sequences laid out as separate chains from the root, as lade and HD verify their guesses (no shared
+    prefixes): (tokens [n], parents [n], candidates [n], labels [n]). With ``accept_last=False`` the last
+    token of every sequence is verified but never accepted (lade's match loop stops one short).
+
+    Example: [5 6] and [5 7] -> tokens [5 6 5 7], parents [-1 0 -1 2].
+    """
+    tokens, parents, candidates, node_labels = [], [], [], []
+    for index, sequence in enumerate(sequences):
+        for position, token in enumerate(sequence):
+            parents.append(-1 if position == 0 else len(tokens) - 1)
+            tokens.append(int(token))
+            candidates.append(accept_last or position < len(sequence) - 1)
+            node_labels.append(None if labels is None else labels[index])
+    return (np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64), np.array(candidates, dtype=bool),
+            node_labels)
+
+
+def guess_layout(sequences, labels, merge: bool, accept_last: bool):
+    """(tokens, parents, candidates, labels) of verified guesses: separate chains, or one trie with ``merge``
+    (shared prefixes verified once). ``accept_last=False``: a sequence's last token is never accepted."""
+    if not merge:
+        return chains(sequences, labels, accept_last)
+    tokens, parents, node_labels = trie_from_sequences(sequences, labels)
+    candidates = np.ones(tokens.size, dtype=bool)
+    if not accept_last and tokens.size:
+        depth = np.zeros(tokens.size, dtype=np.int64)
+        for node, parent in enumerate(parents.tolist()):  # parents come before their children
+            depth[node] = 1 if parent < 0 else depth[parent] + 1
+        candidates = depth < max(len(sequence) for sequence in sequences)
+    return tokens, parents, candidates, node_labels
+
+
 def reindex_parents(draft_parents: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """Parents (draft numbering) of the kept nodes, renumbered to positions within ``keep``.
 

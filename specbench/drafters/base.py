@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import torch
+
+from specbench.decoding.contract import Draft
 from specbench.errors import SpecbenchError
 
 
@@ -11,3 +14,27 @@ def require_positive(**settings) -> None:
     for key, value in settings.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")
+
+
+def check_token_id(key: str, value) -> int | None:
+    """A drafter setting that is a token id or null, checked: ``drafter.no_match_token must be ...``."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise SpecbenchError(f"drafter.{key} must be a token id (>= 0) or null, got {value!r}")
+    return value
+
+
+def require_in_vocabulary(key: str, token: int | None, target) -> None:
+    """Reject a token-id setting outside the target's vocabulary, naming the key and the vocabulary size."""
+    size = target.model.config.get_text_config().vocab_size
+    if token is not None and token >= size:
+        raise SpecbenchError(f"drafter.{key}={token} is not a token of {target.name} (vocabulary of {size}); "
+                             "use a smaller id, or null for no draft when nothing matches")
+
+
+def no_match_draft(token: int | None) -> Draft:
+    """The draft of a step where the method found nothing: Spec-Bench's PLD and REST verify one dummy token
+    (id 100) rather than decoding one token alone, so such a step costs a two-token pass, which is part of
+    what their numbers measured; ``None``: no draft."""
+    if token is None:
+        return Draft.empty()
+    return Draft(torch.tensor([token], dtype=torch.int64), sources=("no-match",))

@@ -46,14 +46,17 @@ class DraftModel(Drafter):
     """
 
     def __init__(self, name: str = "draft_model", model: dict | None = None, drafts_by_family: dict | None = None,
-                 gamma: int = 4, adaptive_gamma: bool = False, max_gamma: int = 16, cache_dir: str | None = None):
-        require_positive(gamma=gamma, max_gamma=max_gamma)
+                 gamma: int = 4, adaptive_gamma: bool = False, max_gamma: int | None = 16,
+                 cache_dir: str | None = None):
+        require_positive(gamma=gamma)
+        if max_gamma is not None:
+            require_positive(max_gamma=max_gamma)
         self.name = name
         self.model_spec = plain(model) or {}
         self.drafts_by_family = plain(drafts_by_family) or {}
         self.initial_gamma = gamma
         self.adaptive_gamma = adaptive_gamma
-        self.max_gamma = max_gamma
+        self.max_gamma = max_gamma if max_gamma is not None else float("inf")  # null: unbounded (transformers)
         self.cache_dir = cache_dir
         self.draft = None
 
@@ -168,4 +171,4 @@ class DraftModel(Drafter):
         self.processed = self._proposed_at + min(accepted, self.gamma - 1)
         self.cache.truncate(self.processed)
         if self.adaptive_gamma:  # transformers' assisted-generation heuristic
-            self.gamma = min(self.max_gamma, self.gamma + 2) if accepted == self.gamma else max(1, self.gamma - 1)
+            self.gamma = int(min(self.max_gamma, self.gamma + 2)) if accepted == self.gamma else max(1, self.gamma - 1)

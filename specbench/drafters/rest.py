@@ -12,13 +12,16 @@ import torch
 
 from specbench.datastores.suffix_array import SEPARATOR, prefix_group_starts
 from specbench.decoding.contract import Draft, Drafter
-from specbench.drafters.base import require_positive
+from specbench.decoding.tree import reindex_parents
+from specbench.drafters.base import check_token_id, no_match_draft, require_in_vocabulary, require_positive
 from specbench.errors import SpecbenchError
 
+MATCH_SAMPLING = ("first", "even")
 
-def frequent_prefix_trie(continuations: np.ndarray, max_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+
+def frequent_prefix_trie(continuations: np.ndarray, max_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The ``max_nodes`` most frequent prefixes of the rows of ``continuations`` as a tree: (tokens [n],
-    parents [n] in draft numbering). Rows must be sorted lexicographically (as a suffix-array range gives
+    parents [n] in draft numbering, counts [n]). Rows must be sorted lexicographically (as a suffix-array range gives
     them); SEPARATOR ends a row. A prefix's frequency is the number of rows that start with it. Ties go to the
     shorter, then the lexicographically smaller prefix, so a prefix is always chosen before its extensions
     and the result is a valid tree.
@@ -28,7 +31,7 @@ def frequent_prefix_trie(continuations: np.ndarray, max_nodes: int) -> tuple[np.
     """
     rows, width = continuations.shape
     if rows == 0 or width == 0:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     starts = prefix_group_starts(continuations)
     group_rows, depths, counts = [], [], []
     for depth in range(width):
@@ -41,7 +44,7 @@ def frequent_prefix_trie(continuations: np.ndarray, max_nodes: int) -> tuple[np.
     group_rows, depths, counts = map(np.concatenate, (group_rows, depths, counts))
     chosen = np.lexsort((group_rows, depths, -counts))[:max_nodes]
     chosen = chosen[np.lexsort((group_rows[chosen], depths[chosen]))]  # parents (shallower) first
-    node_rows, node_depths = group_rows[chosen], depths[chosen]
+    node_rows, node_depths, node_counts = group_rows[chosen], depths[chosen], counts[chosen]
     tokens = continuations[node_rows, node_depths].astype(np.int64)
     parents = np.full(chosen.size, -1, dtype=np.int64)
     for depth in range(1, width):
@@ -51,11 +54,69 @@ def frequent_prefix_trie(continuations: np.ndarray, max_nodes: int) -> tuple[np.
         candidates = np.flatnonzero(node_depths == depth - 1)
         # A child's parent is the group at depth-1 that starts at or before the child's first row.
         parents[children] = candidates[np.searchsorted(node_rows[candidates], node_rows[children], side="right") - 1]
-    return tokens, parents
+    return tokens, parents, node_counts.astype(np.int64)
+
+
+def node_paths(tokens: np.ndarray, parents: np.ndarray) -> list[tuple[int, ...]]:
+    """Every node's tokens from the root down (parents before children)."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(tokens.tolist(), parents.tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return paths
+
+
+def cut_to_choices(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, choices: int) -> np.ndarray:
+    """REST's ``cut_to_choices`` (DraftRetriever lib.rs): each node stands for its root path, weighing the
+    number of distinct tokens on it; paths are dropped heaviest first while the summed weight exceeds
+    ``choices``, and the kept paths' prefixes are put back (``get_draft_choices``). Returns the kept node
+    indices, ascending. The draft is therefore far smaller than ``choices`` nodes: a 10-deep chain alone
+    weighs 55. Among equal weights DraftRetriever's order is a hash set's (it varies between processes);
+    here the less frequent, then the later node goes first, so the cut is reproducible.
+
+    Example: a chain of 3 distinct tokens (weights 1, 2, 3) and a sibling leaf (1), choices=4: total 7; drop
+    the depth-3 node (7 -> 4), then stop: nodes 0, 1 and the leaf stay.
+    """
+    paths = node_paths(tokens, parents)
+    weights = np.array([len(set(path)) for path in paths], dtype=np.int64)
+    order = np.lexsort((-np.arange(len(paths)), counts, -weights))
+    total = int(weights.sum())
+    dropped = set()
+    for node in order.tolist():
+        if total <= choices:
+            break
+        total -= int(weights[node])
+        dropped.add(node)
+    kept = np.zeros(len(paths), dtype=bool)
+    for node in range(len(paths)):
+        if node not in dropped:
+            while node >= 0 and not kept[node]:  # the path and all its prefixes
+                kept[node] = True
+                node = int(parents[node])
+    return np.flatnonzero(kept)
+
+
+def retrieved_tree(datastore, lo: int, hi: int, offset: int, continuation_length: int = 10, max_matches: int = 5000,
+                   sampling: str = "first", choices: int = 64, cut: bool = True):
+    """DraftRetriever's ``search`` on the suffix-array ranks [lo, hi) of a query of ``offset`` tokens, as REST
+    and HD's statistics database call it: the ``continuation_length`` tokens after each of the first
+    ``max_matches`` matches, the ``choices`` most frequent prefixes, then ``cut_to_choices``. Returns (tokens,
+    parents, counts) of the tree (parents before children), empty when nothing matched."""
+    empty = np.empty(0, dtype=np.int64)
+    if hi <= lo:
+        return empty, empty, empty
+    matrix = datastore.continuation_matrix(lo, hi, offset, continuation_length, max_matches, sampling)
+    tokens, parents, counts = frequent_prefix_trie(matrix, choices)
+    if cut and tokens.size:
+        keep = cut_to_choices(tokens, parents, counts, choices)
+        tokens, parents, counts = tokens[keep], reindex_parents(parents, keep), counts[keep]
+    return tokens, parents, counts
 
 
 class RetrievalDrafter(Drafter):
-    """REST with Spec-Bench's defaults: suffixes of 16 down to 2 tokens, 64 draft tokens."""
+    """REST as Spec-Bench ran it (model/rest, DraftRetriever): the longest context suffix of 16 down to 2
+    tokens, its first 5,000 matches in suffix-array order, 10-token continuations, the 64 most frequent
+    prefixes cut by ``cut_to_choices``, and a one-token dummy draft (id 100) when nothing matches.
+    docs/fidelity.md traces every setting."""
 
     def __init__(
         self,
@@ -65,14 +126,19 @@ class RetrievalDrafter(Drafter):
         max_suffix_length: int = 16,
         min_suffix_length: int = 2,
         continuation_length: int = 10,
-        max_matches: int = 1000,
+        max_matches: int = 5000,
+        match_sampling: str = "first",
         num_draft: int = 64,
+        cut_to_choices: bool = True,
+        no_match_token: int | None = 100,
         cache_dir: str | None = None,
     ):
         require_positive(max_suffix_length=max_suffix_length, min_suffix_length=min_suffix_length,
                          continuation_length=continuation_length, max_matches=max_matches, num_draft=num_draft)
         if min_suffix_length > max_suffix_length:
             raise SpecbenchError(f"drafter.min_suffix_length ({min_suffix_length}) exceeds max_suffix_length ({max_suffix_length})")
+        if match_sampling not in MATCH_SAMPLING:
+            raise SpecbenchError(f"drafter.match_sampling must be one of {', '.join(MATCH_SAMPLING)}, got {match_sampling!r}")
         self.name = name
         self.datastore_path = datastore
         self.corpus = corpus
@@ -80,21 +146,23 @@ class RetrievalDrafter(Drafter):
         self.min_suffix_length = min_suffix_length
         self.continuation_length = continuation_length
         self.max_matches = max_matches
+        self.match_sampling = match_sampling
         self.num_draft = num_draft
+        self.cut = cut_to_choices
+        self.no_match_token = check_token_id("no_match_token", no_match_token)
         self.cache_dir = cache_dir
         self.datastore = None
 
     def prepare(self, target, sampling=None) -> None:
         from specbench.datastores.build import statistics_datastore
 
+        require_in_vocabulary("no_match_token", self.no_match_token, target)
         self.datastore = statistics_datastore(target, self.datastore_path, self.corpus, self.cache_dir)
 
     def propose(self, context_ids: np.ndarray) -> Draft:
         length, lo, hi = self.datastore.longest_suffix_match(context_ids, self.max_suffix_length, self.min_suffix_length)
-        if length == 0:
-            return Draft.empty()
-        matrix = self.datastore.continuation_matrix(lo, hi, length, self.continuation_length, self.max_matches)
-        tokens, parents = frequent_prefix_trie(matrix, self.num_draft)
+        tokens, parents, _ = retrieved_tree(self.datastore, lo, hi, length, self.continuation_length,
+                                            self.max_matches, self.match_sampling, self.num_draft, self.cut)
         if tokens.size == 0:
-            return Draft.empty()
+            return no_match_draft(self.no_match_token)
         return Draft(torch.from_numpy(tokens), torch.from_numpy(parents))
