@@ -36,12 +36,23 @@ def _save(figure, out: Path, name: str) -> list[Path]:
     return paths
 
 
+def method_style(label: str, labels) -> tuple:
+    """(colour, hatch) of a method's bars: one colour per published method, shared by its tuned variants
+    (``hd`` and ``hd+budget``), which are hatched, so a tuned row is never mistaken for the original."""
+    bases = list(dict.fromkeys(str(name).split("+")[0].split(" ")[0] for name in labels))
+    base = str(label).split("+")[0].split(" ")[0]
+    palette = plt.get_cmap("tab10" if len(bases) <= 10 else "tab20")
+    return palette(bases.index(base) % palette.N), ("///" if "+" in str(label) else None)
+
+
 def _grouped_bars(ax, table: pd.DataFrame, ylabel: str, reference: float | None = None) -> None:
     """Bars per row (task), one colour per column (run label)."""
     width = 0.8 / max(1, table.shape[1])
     positions = np.arange(table.shape[0])
     for index, column in enumerate(table.columns):
-        ax.bar(positions + index * width, table[column].values, width, label=column)
+        color, hatch = method_style(column, table.columns)
+        ax.bar(positions + index * width, table[column].values, width, label=column, color=color, hatch=hatch,
+               edgecolor="white" if hatch else None, linewidth=0)
     ax.set_xticks(positions + width * (table.shape[1] - 1) / 2)
     ax.set_xticklabels(table.index, rotation=20, ha="right")
     ax.set_ylabel(ylabel)
@@ -154,12 +165,15 @@ def draft_depth(steps, out):
 
 def throughput_vs_acceptance(table, out):
     figure, ax = plt.subplots(figsize=(6, 4.5))
+    labels = sorted(table.label.unique())
     for label, group in table.groupby("label"):
-        ax.scatter(group.tokens_per_step, group.measured_tps, label=label)
+        color, hatch = method_style(label, labels)
+        ax.scatter(group.tokens_per_step, group.measured_tps, label=label, color=color,
+                   marker="^" if hatch else "o")  # a tuned variant: a triangle in its method's colour
     ax.set_xlabel("accepted tokens per decoding step (bonus included, prefill excluded)")
     ax.set_ylabel("measured tokens/s (decoding steps)")
     ax.set_title("Throughput vs acceptance")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _save(figure, out, "throughput_vs_acceptance")
 
 
@@ -178,7 +192,7 @@ def predicted_vs_measured(table, out):
     reference = table.loo_tps.fillna(table.calib_tps)
     for label, measured, predicted in zip(table.label, table.measured_tps, reference):
         if not np.isnan(predicted):
-            ax.annotate(label[:24], (measured, predicted), fontsize=7)
+            ax.annotate(label[:24], (measured, predicted), xytext=(4, 3), textcoords="offset points", fontsize=7)
     values = pd.concat([table.measured_tps, *shown])
     ax.plot([values.min(), values.max()], [values.min(), values.max()], color="black", linewidth=0.8, linestyle="--")
     ax.set_xlabel("measured tokens/s (decoding steps)")

@@ -13,7 +13,8 @@ run's summary.json, and tokens verified and drafting milliseconds per decoding s
 its steps.parquet. Every one is defined in ``specbench.metrics``.
 
 --corpus sets the statistics corpus of REST (drafter.corpus) and HD (drafter.statistics_corpus);
---model-db-prompts the prompt set of HD's model database (drafter.model_db_build.prompts).
+--model-db-prompts the prompt set of HD's model database (drafter.model_db_build.prompts) and
+--model-db-max-prompts how many of its prompts are answered (drafter.model_db_build.max_prompts).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def per_step_means(run_dir: Path) -> dict:
             for task, part in groups}
 
 
-def method_overrides(method: str, corpus: str | None, model_db_prompts: str | None) -> list[str]:
+def method_overrides(method: str, corpus: str | None = None, model_db_prompts: str | None = None,
+                     model_db_max_prompts: int | None = None) -> list[str]:
     """The Hydra overrides of a method name: the drafter config, then one override per tuning suffix."""
     drafter, tunings = method, []
     while drafter.endswith(tuple(TUNINGS)):
@@ -70,6 +72,8 @@ def method_overrides(method: str, corpus: str | None, model_db_prompts: str | No
         overrides.append(f"drafter.statistics_corpus={corpus}")
     if model_db_prompts and drafter.startswith("hd"):
         overrides.append(f"drafter.model_db_build.prompts={model_db_prompts}")
+    if model_db_max_prompts and drafter.startswith("hd"):
+        overrides.append(f"drafter.model_db_build.max_prompts={model_db_max_prompts}")
     return overrides
 
 
@@ -80,6 +84,7 @@ def main() -> None:
     parser.add_argument("--budget", action="store_true", help="also run every drafter's +budget row")
     parser.add_argument("--corpus", default=None, help="statistics corpus of rest and hd (e.g. sharegpt)")
     parser.add_argument("--model-db-prompts", default=None, help="prompt set of hd's model database (e.g. sharegpt)")
+    parser.add_argument("--model-db-max-prompts", type=int, default=None, help="first N prompts of that set")
     parser.add_argument("--limit-per-task", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default="runs/bench_drafters")
@@ -90,7 +95,7 @@ def main() -> None:
     methods = [name for drafter in args.drafters for name in ([drafter, drafter + "+budget"] if args.budget else [drafter])]
     rows = []
     for name in methods:
-        overrides = [*method_overrides(name, args.corpus, args.model_db_prompts),
+        overrides = [*method_overrides(name, args.corpus, args.model_db_prompts, args.model_db_max_prompts),
                      f"run.max_new_tokens={args.max_new_tokens}", *args.overrides]
         if args.limit_per_task:
             overrides.append(f"task.limit_per_task={args.limit_per_task}")
@@ -125,6 +130,19 @@ def main() -> None:
                 if speedups.notna().any():
                     shown.loc[task, speedups.idxmax()] += " *"
         print(f"\n{title}\n{shown.to_string()}")
+    sources = pd.DataFrame({name: accepted_by_source(Path(args.out) / name) for name in methods}).T.fillna(0)
+    databases = [column for column in ("context", "model", "statistics") if column in sources]
+    if databases:
+        shares = sources[databases].div(sources.sum(axis=1), axis=0).loc[lambda t: t.sum(axis=1) > 0]
+        print("\naccepted draft tokens by HD database (share of all accepted draft tokens)\n"
+              + shares.map(lambda value: f"{value:.3f}").to_string())
+
+
+def accepted_by_source(run_dir: Path) -> dict:
+    """Accepted draft tokens (bonus excluded) per source label over a run's decoding steps."""
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    steps = steps[steps.step > 0]
+    return (steps.accepted_tokens - 1).groupby(steps.source.replace("", "none")).sum().to_dict()
 
 
 if __name__ == "__main__":

@@ -215,3 +215,22 @@ def test_command_line(runs, tmp_path, capsys):
     with pytest.raises(SystemExit):
         analysis_main(["tables", str(tmp_path / "nothing")])
     assert not load_summaries([tmp_path / "nothing"]).shape[0]
+
+
+def test_runs_are_labelled_by_method_names_not_override_strings(tmp_path):
+    """A tuned run is shown as `hd+budget`, never under the published name; sweep cells that share a method
+    name are told apart by the overrides that differ, and repeats of one configuration keep one label."""
+    tuned = synthetic_run(tmp_path / "tuned", "hd", accepted=3, verify_tokens=(4,), seed=5)
+    summary = json.loads((tuned / "summary.json").read_text())
+    (tuned / "summary.json").write_text(json.dumps({**summary, "method": "hd+budget"}))
+    older = synthetic_run(tmp_path / "older", "pld", accepted=2, verify_tokens=(3,), seed=6)
+    settings = json.loads((older / "run.json").read_text())  # written before the method name was recorded
+    (older / "run.json").write_text(json.dumps({**settings, "draft_budget": "auto", "verify_padding": "off"}))
+    for name, gamma in (("g2", 2), ("g4", 4), ("g4-again", 4)):
+        cell = synthetic_run(tmp_path / name, "sps", accepted=2, verify_tokens=(3,), seed=7)
+        (cell / ".hydra").mkdir()
+        (cell / ".hydra" / "overrides.yaml").write_text(f"- drafter=sps\n- drafter.gamma={gamma}\n")
+    labels = dict(zip(load_summaries([tmp_path]).run_dir.map(lambda d: Path(d).name),
+                      load_summaries([tmp_path]).label))
+    assert labels == {"tuned": "hd+budget", "older": "pld+budget", "g2": "sps gamma=2", "g4": "sps gamma=4",
+                      "g4-again": "sps gamma=4"}

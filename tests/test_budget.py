@@ -112,3 +112,15 @@ def test_what_the_budget_learned_belongs_to_one_question(tiny, prompt_ids):
     alone = answer_question(tiny, budget_decoder(), drafter, questions[-1], 24)
     assert [s.draft_tokens for s in after_others.steps[0]] == [s.draft_tokens for s in alone.steps[0]]
     assert alone.steps[0][1].draft_tokens > 0  # a fresh question starts from the prior: the draft is tried
+
+
+def test_a_non_candidate_under_a_dropped_candidate_is_dropped_with_it():
+    # Lookahead's guess chains end in a token that is verified but never accepted (a non-candidate); when the
+    # budget drops the chain's candidates, their tail must go too, or the verified nodes are not a tree.
+    parents = np.array([-1, 0, -1, 2])
+    candidates = np.array([True, False, True, False])
+    kinds = node_kinds(parents, np.array([1, 2, 1, 2]), None)
+    budget = DraftBudget(lambda sizes: np.asarray(sizes, dtype=float) ** 3, explore=0.0)
+    kept = budget.select("d", parents, kinds, candidates)
+    assert all(parents[node] < 0 or parents[node] in kept for node in kept)
+    assert kept.tolist() == []

@@ -106,3 +106,15 @@ def test_sps_shrinks_by_one_after_a_miss_down_to_one(tiny, prompt_ids):
     steps = list(zip(drafts, accepted, drafts[1:]))
     for size, hits, following in steps[:-3]:  # the last steps' drafts are cut to the tokens still wanted
         assert following == (size + 2 if hits == size else max(1, size - 1))
+
+
+def test_every_test_docs_fidelity_names_exists():
+    """docs/fidelity.md says which test pins each setting; a renamed or deleted test would leave it lying."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent
+    named = set(re.findall(r"\b(test_\w+)\b", (root.parent / "docs" / "fidelity.md").read_text()))
+    defined = {name for file in root.glob("test_*.py") for name in re.findall(r"^def (test_\w+)", file.read_text(), re.M)}
+    files = {file.stem for file in root.glob("test_*.py")}
+    assert named - defined - files == set()

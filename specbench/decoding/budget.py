@@ -127,7 +127,15 @@ class DraftBudget:
         expected = 1.0 + np.concatenate(([0.0], np.cumsum(probability[ranked])))
         seconds = self.cost(1 + fixed + np.arange(ranked.size + 1))
         best = int(np.argmax(expected / seconds))
-        return np.sort(np.concatenate((np.flatnonzero(~is_candidate), ranked[:best])))
+        chosen = np.zeros(len(kinds), dtype=bool)
+        chosen[~is_candidate] = True
+        chosen[ranked[:best]] = True
+        # A non-candidate under a dropped candidate goes too (Lookahead's capped guess tails hang off candidates;
+        # the window hangs off the root): the kept nodes must form a tree.
+        for node, parent in enumerate(parents.tolist()):
+            if parent >= 0 and not chosen[parent]:
+                chosen[node] = False
+        return np.flatnonzero(chosen)
 
     def observe(self, drafter: str, parents: np.ndarray, kinds: list[tuple], candidates: np.ndarray | None,
                 accepted: list[int]) -> None:
