@@ -65,16 +65,36 @@ def sweep_overrides(run_dir: Path) -> dict[str, str]:
     return found
 
 
+def drafter_settings(run_dir: Path) -> dict[str, str]:
+    """The drafter's resolved settings that run.json recorded, flattened: {"statistics_corpus": "sharegpt",
+    "model_db_build.max_prompts": "96", ...}."""
+    settings_file = run_dir / "run.json"
+    drafter = json.loads(settings_file.read_text()).get("drafter") if settings_file.is_file() else None
+    flat: dict[str, str] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = json.dumps(node) if isinstance(node, (list, dict)) else str(node)
+
+    walk(drafter if isinstance(drafter, dict) else {}, "")
+    flat.pop("name", None)
+    return flat
+
+
 def run_infos(run_dirs: list[Path]) -> dict[Path, dict]:
-    """run_dir, model, drafter and label of each run. Runs of one model whose labels coincide but whose sweep
-    overrides differ (``drafter.gamma=2`` vs ``=4``) get the differing overrides appended, so that they stay
-    apart; repeats of one configuration keep one label and are averaged together by the tables."""
+    """run_dir, model, drafter and label of each run. Runs of one model whose labels coincide but whose drafter
+    settings differ (a sweep's ``drafter.gamma=2`` vs ``=4``, or REST on another corpus) get the differing
+    settings appended, so that they stay apart; repeats of one configuration keep one label and are averaged
+    together by the tables."""
     infos, overrides = {}, {}
     for run_dir in run_dirs:
         summary = json.loads((run_dir / "summary.json").read_text())
         infos[run_dir] = {"run_dir": str(run_dir), "model": summary["model"], "drafter": summary["drafter"],
                           "label": run_label(run_dir, summary)}
-        overrides[run_dir] = sweep_overrides(run_dir)
+        overrides[run_dir] = {**drafter_settings(run_dir), **sweep_overrides(run_dir)}
     groups: dict[tuple, list[Path]] = {}
     for run_dir, info in infos.items():
         groups.setdefault((info["model"], info["label"]), []).append(run_dir)

@@ -234,3 +234,13 @@ def test_runs_are_labelled_by_method_names_not_override_strings(tmp_path):
                       load_summaries([tmp_path]).label))
     assert labels == {"tuned": "hd+budget", "older": "pld+budget", "g2": "sps gamma=2", "g4": "sps gamma=4",
                       "g4-again": "sps gamma=4"}
+
+
+def test_runs_of_one_method_with_other_settings_are_not_averaged_as_repeats(tmp_path):
+    for name, corpus in (("docs", "python-docs"), ("chat", "sharegpt"), ("chat-again", "sharegpt")):
+        run = synthetic_run(tmp_path / name, "rest", accepted=2, verify_tokens=(3,), seed=8)
+        settings = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**settings, "drafter": {"name": "rest", "corpus": corpus,
+                                                                          "num_draft": 64}}))
+    labels = set(load_summaries([tmp_path]).label)
+    assert labels == {"rest corpus=python-docs", "rest corpus=sharegpt"}
