@@ -39,13 +39,17 @@ def find_run_dirs(paths) -> list[Path]:
     return sorted(found)
 
 
-def run_label(run_dir: Path, summary: dict) -> str:
+def run_settings(run_dir: Path) -> dict:
+    """The run's run.json (empty when it has none)."""
+    settings_file = run_dir / "run.json"
+    return json.loads(settings_file.read_text()) if settings_file.is_file() else {}
+
+
+def run_label(summary: dict, settings: dict) -> str:
     """The name a run is shown under: its method's name (``hd``, ``hd+budget``: drafter plus specbench's
     tunings), with the temperature when it samples (``pld T=0.7``). Summaries written before the method name
-    was recorded get it from run.json's tuning switches."""
+    was recorded get it from run.json's tuning switches (``settings``)."""
     method = summary.get("method")
-    settings_file = run_dir / "run.json"
-    settings = json.loads(settings_file.read_text()) if settings_file.is_file() else {}
     if not method:
         method = method_name(summary["drafter"], settings.get("draft_budget", "off"), settings.get("verify_padding", "off"))
     temperature = settings.get("temperature") or 0.0
@@ -65,11 +69,10 @@ def sweep_overrides(run_dir: Path) -> dict[str, str]:
     return found
 
 
-def drafter_settings(run_dir: Path) -> dict[str, str]:
-    """The drafter's resolved settings that run.json recorded, flattened: {"statistics_corpus": "sharegpt",
-    "model_db_build.max_prompts": "96", ...}."""
-    settings_file = run_dir / "run.json"
-    drafter = json.loads(settings_file.read_text()).get("drafter") if settings_file.is_file() else None
+def drafter_settings(settings: dict) -> dict[str, str]:
+    """The drafter's resolved settings that run.json (``settings``) recorded, flattened:
+    {"statistics_corpus": "sharegpt", "model_db_build.max_prompts": "96", ...}."""
+    drafter = settings.get("drafter")
     flat: dict[str, str] = {}
 
     def walk(node, prefix):
@@ -91,10 +94,10 @@ def run_infos(run_dirs: list[Path]) -> dict[Path, dict]:
     together by the tables."""
     infos, overrides = {}, {}
     for run_dir in run_dirs:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary, settings = json.loads((run_dir / "summary.json").read_text()), run_settings(run_dir)
         infos[run_dir] = {"run_dir": str(run_dir), "model": summary["model"], "drafter": summary["drafter"],
-                          "label": run_label(run_dir, summary)}
-        overrides[run_dir] = {**drafter_settings(run_dir), **sweep_overrides(run_dir)}
+                          "label": run_label(summary, settings)}
+        overrides[run_dir] = {**drafter_settings(settings), **sweep_overrides(run_dir)}
     groups: dict[tuple, list[Path]] = {}
     for run_dir, info in infos.items():
         groups.setdefault((info["model"], info["label"]), []).append(run_dir)

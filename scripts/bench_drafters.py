@@ -34,8 +34,9 @@ from specbench.data import TASKS
 from specbench.errors import SpecbenchError
 from specbench.records import read_answers
 from specbench.runner import run_benchmark
+from specbench.settings import TUNING_SUFFIXES
 
-TUNINGS = {"+budget": "run.draft_budget=auto", "+pad": "run.verify_padding=auto"}
+TUNINGS = {suffix: f"run.{key}=auto" for key, suffix in TUNING_SUFFIXES}  # "+budget" -> run.draft_budget=auto
 FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains"]
 MEASURES = (  # (summary key or column, format, title)
     ("speedup", "{:.2f}x", "speedup over AR (* fastest)"),
