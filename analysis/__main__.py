@@ -23,7 +23,7 @@ from analysis.figures import make_all
 from analysis.report import build_report
 from analysis.runs import load_questions, load_steps, read_spec_bench
 from analysis.tables import leaderboard, render
-from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements
+from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements, token_costs
 
 
 def print_throughput(table: pd.DataFrame) -> None:
@@ -38,6 +38,16 @@ def print_throughput(table: pd.DataFrame) -> None:
     print(f"largest deviation of predicted from measured throughput: {deviation_summary(table)}")
     print("\nwhat each run would need to match the best of its model (all else equal):")
     print(requirements(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def print_token_costs(table: pd.DataFrame) -> None:
+    """Where an accepted token's time goes, per run (``analysis.throughput.token_costs``)."""
+    if table.empty:
+        return
+    print("\nms per accepted token by term (one_pass = AR ms per token / accepted tokens per step: the acceptance "
+          "term;\nextra_verify = verify time beyond one AR pass: the verify cost of the draft's tokens), the "
+          "speedup the terms allow,\nand the accepted tokens per step a 2x speedup would need at these times:")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
 def main(argv=None) -> None:
@@ -66,6 +76,7 @@ def main(argv=None) -> None:
         print(text)
     elif args.command == "throughput":
         print_throughput(model_table(steps))
+        print_token_costs(token_costs(questions, steps))
     elif args.command == "figures":
         written, skipped = make_all(questions, steps, Path(args.out or "figures"))
         for path in written:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.tables import run_task_stats
-from analysis.throughput import WAYS, deviation_summary, model_table
+from analysis.throughput import COST_PARTS, WAYS, deviation_summary, model_table, token_costs
 from specbench.data import TASKS
 
 DATABASES = ("context", "model", "statistics")
@@ -203,6 +203,33 @@ def predicted_vs_measured(table, out):
     return _save(figure, out, "predicted_vs_measured")
 
 
+def cost_per_token(questions, steps, out):
+    """Milliseconds per accepted token split into the throughput model's terms (``token_costs``), against
+    what autoregressive decoding pays per token (1x) and half of it (2x): the tallest part is what limits a
+    method."""
+    table = token_costs(questions, steps)
+    if table.empty:
+        return []
+    figure, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(table) + 2.5), 4.2))
+    positions = np.arange(len(table))
+    bottom = np.zeros(len(table))
+    names = {"draft": "drafting", "one_pass": "one AR pass / accepted tokens per step (acceptance)",
+             "extra_verify": "verifying the draft's tokens (verify cost per token)", "overhead": "overhead"}
+    for part in COST_PARTS:
+        values = table[part].clip(lower=0).to_numpy()  # a pass cheaper than the baseline's mean shows as 0
+        ax.bar(positions, values, bottom=bottom, label=names[part])
+        bottom += values
+    ar = table.ar_ms_per_token.mean()
+    ax.axhline(ar, color="black", linestyle="--", linewidth=0.8, label="AR per token (1x)")
+    ax.axhline(ar / 2, color="black", linestyle=":", linewidth=0.8, label="2x")
+    ax.set_xticks(positions)
+    ax.set_xticklabels(table.label, rotation=30, ha="right")
+    ax.set_ylabel("ms per accepted token")
+    ax.set_title("Where an accepted token's time goes")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return _save(figure, out, "cost_per_token")
+
+
 def make_all(questions: pd.DataFrame, steps: pd.DataFrame, out: Path) -> tuple[list[Path], list[str]]:
     """Every figure the runs support; returns (files written, reasons for figures skipped)."""
     written, skipped = [], []
@@ -212,6 +239,7 @@ def make_all(questions: pd.DataFrame, steps: pd.DataFrame, out: Path) -> tuple[l
     written += mat_per_task(questions, out)
     if not steps.empty:
         written += latency_breakdown(steps, out)
+        written += cost_per_token(questions, steps, out)
         table = model_table(steps)
         written += throughput_vs_acceptance(table, out)
         written += predicted_vs_measured(table, out)

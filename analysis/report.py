@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis.figures import make_all
 from analysis.tables import formatted, leaderboard
-from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements
+from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements, token_costs
 
 STYLE = """
 body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
@@ -59,7 +59,14 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
                      "<h3>What would match the best draft</h3>",
                      "<p class='note'>With the leave-one-out T_target (else the calibration's), all else "
                      "equal.</p>",
-                     _table_html(requirements(table))]
+                     _table_html(requirements(table)),
+                     "<h3>Where an accepted token's time goes</h3>",
+                     "<p class='note'>ms per accepted token over the decoding steps: drafting; one_pass, what one "
+                     "AR pass costs divided by the accepted tokens per step (the acceptance term); extra_verify, "
+                     "the verify time beyond one AR pass (the cost of verifying the draft's tokens); overhead. "
+                     "speedup_bound is AR ms per token over their sum; needed_tokens_per_step_2x the acceptance "
+                     "a 2x speedup needs at these times.</p>",
+                     _table_html(token_costs(questions, steps))]
     with tempfile.TemporaryDirectory() as scratch:
         written, skipped = make_all(questions, steps, Path(scratch))
         images = [path for path in written if path.suffix == ".png"]

@@ -220,3 +220,40 @@ def requirements(table: pd.DataFrame) -> pd.DataFrame:
                          "tokens_per_step": row.tokens_per_step, "needed_tokens_per_step": needed_tokens,
                          "acceptance_factor": needed_tokens / row.tokens_per_step})
     return pd.DataFrame(rows)
+
+
+COST_PARTS = ("draft", "one_pass", "extra_verify", "overhead")  # ms per accepted token, summing to the total
+
+
+def token_costs(questions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Where an accepted token's time goes, per run label (the throughput model's terms per token), over the
+    decoding steps (prefill excluded):
+
+        draft         drafting ms per accepted token
+        one_pass      what one autoregressive pass costs, per accepted token: AR ms per token / (accepted
+                      tokens per step). It falls only as acceptance rises: the acceptance term.
+        extra_verify  the verify time beyond that one pass, per accepted token: what verifying the draft's
+                      tokens costs (on a GPU near zero; on a CPU it grows with every token verified)
+        overhead      planning, inputs, acceptance walk and KV-cache upkeep, per accepted token
+
+    The total is ms per accepted token; ``speedup_bound`` = AR ms per token / total is what the terms allow
+    (the measured speedup also counts the prefill). AR ms per token is the run's paired baseline's, wall time
+    over tokens. ``needed_tokens_per_step_2x`` is the acceptance a 2x speedup needs at this run's draft,
+    verify and overhead times per step."""
+    decode = steps[steps.step > 0]
+    rows = []
+    for label, run in decode.groupby("label", sort=False):
+        answered = questions[(questions.label == label) & questions.baseline_tokens.notna()]
+        if answered.empty or not run.accepted_tokens.sum():
+            continue
+        ar_ms = 1000 * answered.baseline_seconds.sum() / answered.baseline_tokens.sum()
+        accepted, count = float(run.accepted_tokens.sum()), len(run)
+        per_step = {part: 1000 * run[f"{part}_s"].sum() / count for part in ("draft", "verify", "overhead")}
+        costs = {"draft": per_step["draft"] * count / accepted, "one_pass": ar_ms * count / accepted,
+                 "extra_verify": (per_step["verify"] - ar_ms) * count / accepted,
+                 "overhead": per_step["overhead"] * count / accepted}
+        total = sum(costs.values())
+        rows.append({"label": label, "tokens_per_step": accepted / count, "verified_per_step": run.verify_tokens.mean(),
+                     "ar_ms_per_token": ar_ms, **costs, "total": total, "speedup_bound": ar_ms / total,
+                     "needed_tokens_per_step_2x": 2 * sum(per_step.values()) / ar_ms})
+    return pd.DataFrame(rows)

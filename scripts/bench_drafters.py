@@ -10,9 +10,11 @@ ending in ``+budget`` (or ``+pad``) is the drafter with specbench's draft budget
 speedup (the fastest method of each task marked), mean accepted tokens (MAT), acceptance rate, questions
 identical to AR (with how many of the others differ at a near-tie or by a violation), all read from each
 run's summary.json, and tokens verified and drafting milliseconds per decoding step (prefill excluded) from
-its steps.parquet. Every one is defined in ``specbench.metrics``.
+its steps.parquet. Every one is defined in ``specbench.metrics``. Last, the accepted draft tokens by source
+(for drafters that label their nodes) and where an accepted token's time goes, per method: the throughput
+model's terms per accepted token (``analysis.throughput.token_costs``), which show what limits each method.
 
---corpus sets the statistics corpus of REST (drafter.corpus) and HD (drafter.statistics_corpus);
+--corpus sets the statistics corpus of REST and SAM-Decoding (drafter.corpus) and HD (drafter.statistics_corpus);
 --model-db-prompts the prompt set of HD's model database (drafter.model_db_build.prompts) and
 --model-db-max-prompts how many of its prompts are answered (drafter.model_db_build.max_prompts).
 """
@@ -27,7 +29,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.runs import load_questions, load_steps
 from analysis.tables import exactness_cell
+from analysis.throughput import token_costs
 from specbench import metrics
 from specbench.config import compose
 from specbench.data import TASKS
@@ -37,7 +41,7 @@ from specbench.runner import run_benchmark
 from specbench.settings import TUNING_SUFFIXES
 
 TUNINGS = {suffix: f"run.{key}=auto" for key, suffix in TUNING_SUFFIXES}  # "+budget" -> run.draft_budget=auto
-FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains"]
+FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains", "recycling", "samd"]
 MEASURES = (  # (summary key or column, format, title)
     ("speedup", "{:.2f}x", "speedup over AR (* fastest)"),
     ("mean_accepted_tokens", "{:.2f}", "mean accepted tokens (prefill included, bonus token included)"),
@@ -67,7 +71,7 @@ def method_overrides(method: str, corpus: str | None = None, model_db_prompts: s
         suffix = next(suffix for suffix in TUNINGS if drafter.endswith(suffix))
         drafter, tunings = drafter[: -len(suffix)], [TUNINGS[suffix], *tunings]
     overrides = [f"drafter={drafter}", *tunings]
-    if corpus and drafter == "rest":
+    if corpus and drafter in ("rest", "samd"):
         overrides.append(f"drafter.corpus={corpus}")
     if corpus and drafter.startswith("hd"):
         overrides.append(f"drafter.statistics_corpus={corpus}")
@@ -132,18 +136,28 @@ def main() -> None:
                     shown.loc[task, speedups.idxmax()] += " *"
         print(f"\n{title}\n{shown.to_string()}")
     sources = pd.DataFrame({name: accepted_by_source(Path(args.out) / name) for name in methods}).T.fillna(0)
-    databases = [column for column in ("context", "model", "statistics") if column in sources]
-    if databases:
-        shares = sources[databases].div(sources.sum(axis=1), axis=0).loc[lambda t: t.sum(axis=1) > 0]
-        print("\naccepted draft tokens by HD database (share of all accepted draft tokens)\n"
-              + shares.map(lambda value: f"{value:.3f}").to_string())
+    labelled = [column for column in sources if column not in ("none", "no-match")]
+    if labelled:
+        shares = sources[labelled].div(sources.sum(axis=1), axis=0).loc[lambda t: t.sum(axis=1) > 0]
+        print("\naccepted draft tokens by source (HD's databases; SAM-Decoding's and the hybrid's context, corpus "
+              "and recycling; share of all accepted draft tokens)\n" + shares.map(lambda value: f"{value:.3f}").to_string())
+
+    run_dirs = [Path(args.out) / name for name in methods]
+    costs = token_costs(load_questions(run_dirs), load_steps(run_dirs))
+    print("\nwhere an accepted token's time goes (ms per accepted token, decoding steps; analysis.throughput."
+          "token_costs):\none_pass = AR ms per token / accepted tokens per step (the acceptance term), extra_verify = "
+          "verify time beyond one AR pass\n(the verify cost of the draft's tokens); speedup_bound = AR ms per token "
+          "/ total; needed_tokens_per_step_2x: the acceptance a 2x speedup needs\n"
+          + costs.set_index("label").to_string(float_format=lambda value: f"{value:.2f}"))
 
 
 def accepted_by_source(run_dir: Path) -> dict:
-    """Accepted draft tokens (bonus excluded) per source label over a run's decoding steps."""
+    """Accepted draft tokens (bonus excluded) per source over a run's decoding steps; the hybrid's labels that
+    carry a match length (``context3``) count under their source (``context``)."""
     steps = pd.read_parquet(run_dir / "steps.parquet")
     steps = steps[steps.step > 0]
-    return (steps.accepted_tokens - 1).groupby(steps.source.replace("", "none")).sum().to_dict()
+    source = steps.source.replace("", "none").str.replace(r"\d+$", "", regex=True)
+    return (steps.accepted_tokens - 1).groupby(source).sum().to_dict()
 
 
 if __name__ == "__main__":

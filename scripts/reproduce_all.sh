@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
-for experiment in hd_table hd_ablation dsd_depth sampling; do
+for experiment in hd_table beyond hd_ablation dsd_depth sampling; do
   scripts/reproduce_$experiment.sh "$@"
 done
 "$python" -m analysis report runs/experiments --out results/report.html

@@ -5,6 +5,8 @@
     baseline_answers.jsonl   the paired autoregressive answers, same schema (absent with run.baseline=false)
     steps.parquet            one row per decoding step of the method (columns: STEP_COLUMNS)
     summary.json             per-task and overall speedup, acceptance, throughput, exactness (SCHEMA_VERSION)
+    drafter_state.npz        what the drafter carries across questions (Token Recycling's matrix) after the
+                             questions listed in it, for drafters that carry any: a resumed run continues from it
 
 Both answer files can be fed to Spec-Bench's own ``evaluation/speed.py`` as --file-path / --base-path.
 """
@@ -126,6 +128,11 @@ def _write_atomically(path: Path, write) -> None:
     os.replace(staging, path)
 
 
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with path.open("wb") as handle:  # a handle: np.savez would add ".npz" to the staging name
+        np.savez(handle, **arrays)
+
+
 def _read_answer_lines(path: Path) -> list[dict]:
     """Answer records of a file; a final line cut short by an interruption is dropped."""
     if not path.is_file():
@@ -158,6 +165,7 @@ class RunDirectory:
         self.steps_file = self.path / "steps.parquet"
         self.summary_file = self.path / "summary.json"
         self.settings_file = self.path / "run.json"
+        self.drafter_state_file = self.path / "drafter_state.npz"
         self.answers: list[dict] = []
         self.baseline_answers: list[dict] = []
         self._step_frames: list[pd.DataFrame] = []
@@ -211,6 +219,24 @@ class RunDirectory:
         self.answers.append(answer)
         self._step_frames.append(pd.DataFrame(step_rows, columns=STEP_COLUMNS))
         self._write_steps()
+
+    def save_drafter_state(self, state: dict[str, np.ndarray]) -> None:
+        """Keep a drafter's cross-question state, with the questions finished so far (written after them)."""
+        finished = np.array([str(record["question_id"]) for record in self.answers])
+        _write_atomically(self.drafter_state_file, lambda p: _save_npz(p, {**state, "_questions": finished}))
+
+    def drafter_state(self) -> tuple[dict[str, np.ndarray], set[str]] | None:
+        """The saved drafter state and the ids (as strings) of the questions it has seen; None if none."""
+        if not self.drafter_state_file.is_file():
+            return None
+        try:
+            with np.load(self.drafter_state_file, allow_pickle=False) as saved:
+                arrays = {key: saved[key] for key in saved.files}
+        except (OSError, ValueError) as error:
+            raise SpecbenchError(f"{self.drafter_state_file} is damaged ({error}); remove it to start the drafter's "
+                                 "state afresh (the resumed questions then differ from an uninterrupted run)") from None
+        seen = set(arrays.pop("_questions").tolist())
+        return arrays, seen
 
     def steps(self) -> pd.DataFrame:
         frames = [frame for frame in self._step_frames if len(frame)]

@@ -212,6 +212,7 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
                       target_top_k=settings.target_top_k, diagnostic_top_k=settings.mismatch_top_k)
     if pending:
         _warm_up(settings, model, decoder, drafter, baseline, pending[0], run_dir.path)
+        _restore_drafter_state(drafter, run_dir, finished)
 
     bar = tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
                desc=f"{method} vs ar" if settings.baseline else method, dynamic_ncols=True)
@@ -236,6 +237,9 @@ def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
                 None if baseline_answer is None else baseline_answer.to_record(prompt, f"{model.name}-ar", None),
                 method_answer.step_rows(prompt.question_id),
             )
+            state = drafter.state()
+            if state is not None:
+                run_dir.save_drafter_state(state)
             summary = run_dir.write_summary(header)
             overall = summary["tasks"]["overall"]
             bar.update(1)
@@ -307,6 +311,24 @@ def saved_latencies(latency_file: Path) -> dict[int, float] | None:
     except (ValueError, KeyError, TypeError, AttributeError):
         log.warning("%s is damaged; calibrating again", latency_file)
         return None
+
+
+def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: set) -> None:
+    """On resuming, give a drafter that carries state across questions the state it had after the finished
+    ones (taken after the warm-up, which the interrupted run also saw before its first question)."""
+    if not finished or drafter.state() is None:
+        return
+    saved = run_dir.drafter_state()
+    if saved is None:
+        log.warning("%s: no saved drafter state; %s starts the resumed questions afresh, so they may differ from "
+                    "an uninterrupted run's", run_dir.path, drafter.name)
+        return
+    state, seen = saved
+    drafter.restore(state)
+    if seen != {str(question) for question in finished}:
+        log.warning("%s: the saved drafter state has seen %d of the %d finished questions (the run was stopped "
+                    "while saving); the resumed questions may differ slightly from an uninterrupted run's",
+                    run_dir.path, len(seen & {str(q) for q in finished}), len(finished))
 
 
 def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:

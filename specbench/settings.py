@@ -25,7 +25,7 @@ class RunSettings:
     alternate_order: bool = True
     warmup_runs: int = 1
     warmup_max_new_tokens: int = 32
-    max_draft_tokens: int = 64
+    max_draft_tokens: int = 80
     verify_padding: str = "off"
     verify_padding_max: int = 16
     verify_padding_min_gain: float = 0.1

@@ -11,7 +11,8 @@ from analysis.figures import make_all
 from analysis.report import build_report
 from analysis.runs import load_questions, load_steps, load_summaries, read_spec_bench
 from analysis.tables import leaderboard, render, run_task_stats
-from analysis.throughput import deviation_summary, latency_lookup, measured_rate, model_table, requirements
+from analysis.throughput import (deviation_summary, latency_lookup, measured_rate, model_table, requirements,
+                                 token_costs)
 from specbench.data import Prompt
 from specbench.decoding.loop import StepRecord
 from specbench.records import Answer, RunDirectory
@@ -194,7 +195,7 @@ def test_figures_and_report_are_written(runs, tmp_path):
     written, skipped = make_all(questions, steps, tmp_path / "figures")
     names = {path.name for path in written}
     assert {"speedup_per_task.png", "speedup_per_task.pdf", "latency_breakdown.png", "hd_ablation.png",
-            "predicted_vs_measured.pdf"} <= names
+            "predicted_vs_measured.pdf", "cost_per_token.png"} <= names
     assert all(path.stat().st_size > 1000 for path in written)
     assert any("draft_latency_depth" in reason for reason in skipped)
     report = build_report(questions, steps, tmp_path / "report.html")
@@ -203,6 +204,7 @@ def test_figures_and_report_are_written(runs, tmp_path):
     throughput = text[text.index("<h2>Throughput model"):text.index("<h2>Figures")]
     assert "<th>tokens_per_step</th>" in throughput and "<th>mat</th>" not in throughput
     assert "leave-one-out 0." in throughput
+    assert "Where an accepted token" in text and "<th>extra_verify</th>" in text
 
 
 def test_command_line(runs, tmp_path, capsys):
@@ -212,6 +214,7 @@ def test_command_line(runs, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "largest deviation of predicted from measured throughput: calibration 0." in out
     assert "tokens_per_step" in out and " mat " not in out and "needed_tokens_per_step" in out
+    assert "one_pass" in out and "needed_tokens_per_step_2x" in out
     with pytest.raises(SystemExit):
         analysis_main(["tables", str(tmp_path / "nothing")])
     assert not load_summaries([tmp_path / "nothing"]).shape[0]
@@ -244,3 +247,19 @@ def test_runs_of_one_method_with_other_settings_are_not_averaged_as_repeats(tmp_
                                                                           "num_draft": 64}}))
     labels = set(load_summaries([tmp_path]).label)
     assert labels == {"rest corpus=python-docs", "rest corpus=sharegpt"}
+
+
+def test_an_accepted_tokens_time_is_split_into_the_throughput_models_terms():
+    import pandas as pd
+
+    steps = pd.DataFrame({"label": "x", "step": [0, 1, 2, 3], "accepted_tokens": [1, 1, 3, 2],
+                          "draft_s": [0.5, 0.001, 0.001, 0.001], "verify_s": [0.5, 0.05, 0.06, 0.07],
+                          "overhead_s": [0.5, 0.001, 0.001, 0.001], "verify_tokens": [30, 2, 5, 5]})
+    questions = pd.DataFrame({"label": ["x"], "baseline_tokens": [100], "baseline_seconds": [4.0]})
+    row = token_costs(questions, steps).iloc[0]
+    # AR: 40 ms per token. 6 tokens in 3 steps: one AR pass per step costs 40 * 3 / 6 = 20 ms per token, the
+    # verify time beyond it (60 - 40 ms per step) 10, drafting and overhead 0.5 each; the prefill is left out.
+    assert row.ar_ms_per_token == pytest.approx(40)
+    assert (row.one_pass, row.extra_verify, row.draft, row.overhead) == pytest.approx((20, 10, 0.5, 0.5))
+    assert row.total == pytest.approx(31) and row.speedup_bound == pytest.approx(40 / 31)
+    assert row.needed_tokens_per_step_2x == pytest.approx(2 * 62 / 40)  # 2 x (1 + 60 + 1) ms per step / 40 ms

@@ -27,6 +27,9 @@ PUBLISHED = {  # config -> {key: value as the original ran it}; docs/fidelity.md
            "lookahead_branch": True, "window_size": 7, "fill_step_ngrams": True},
     "hd-chains": {"lookahead_branch": False, "merge_candidates": False, "num_candidates": 7},
     "sps": {"gamma": 5, "adaptive_gamma": True, "max_gamma": None},
+    "recycling": {"template": "2.2.2", "top_k": 8, "hot_start": True, "learn_from_prompt": False,
+                  "update_on_eos": False},
+    "samd": {"n_predicts": 40, "len_threshold": 5, "len_bias": 5, "alpha": 4.0, "auxiliary": "recycling"},
 }
 
 

@@ -85,8 +85,11 @@ class StepOutcome:
                     budget). Greedy runs: the argmax; sampling runs: the argmax too (the emitted token may differ).
     accepted_nodes: indices into the draft of the accepted path, in order.
     target_top_ids: [1 + len(draft), k] the target's k highest-scoring tokens at the same positions, best
-                    first, -1 rows where not verified; None when run.target_top_k is 0 (the default, which
-                    costs nothing). For drafters that learn from the target's alternatives.
+                    first, -1 rows where not verified; None when neither run.target_top_k nor the drafter's
+                    ``target_top_k`` asks for them (the default, which costs nothing). At step 0 (the prefill)
+                    one row, after the last prompt token, or one per prompt token (row i: after prompt token i)
+                    for a drafter with ``reads_prompt_choices``. For drafters that learn from the target's
+                    alternatives (Token Recycling).
     """
 
     step: int
@@ -101,6 +104,10 @@ class Drafter(ABC):
 
     #: name used in records and result tables; set from the config.
     name: str = "drafter"
+    #: how many of the target's best tokens per verified node this drafter reads (StepOutcome.target_top_ids)
+    target_top_k: int = 0
+    #: whether the prefill should score every prompt position for it (a full-width output layer over the prompt)
+    reads_prompt_choices: bool = False
 
     def prepare(self, target, sampling=None) -> None:
         """Called once before the first question with the target (a ``specbench.models.LoadedModel``) and
@@ -117,3 +124,13 @@ class Drafter(ABC):
 
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
         """The tokens appended to the context this step (accepted draft tokens + bonus token)."""
+
+    def state(self) -> dict[str, np.ndarray] | None:
+        """What this drafter carries from one question to the next (Token Recycling's matrix), as named
+        arrays; the runner saves it in the run directory after every question so that a resumed run continues
+        from it. None: nothing is carried (every question starts afresh)."""
+        return None
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Take back what ``state`` returned (on resuming a run, after the warm-up)."""
+        raise NotImplementedError(f"{type(self).__name__} carries no state across questions")

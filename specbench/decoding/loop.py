@@ -171,7 +171,8 @@ class Decoder:
     changes how many tokens one forward pass settles.
 
     target_top_k: how many of the target's best tokens per verified node ``StepOutcome.target_top_ids`` carries
-                  (0: none). The generation keeps max(target_top_k, diagnostic_top_k) per generated token.
+                  (0: none), at least the drafter's own ``target_top_k``. The generation keeps
+                  max(target_top_k, diagnostic_top_k) per generated token.
     clock:        the fenced clock of the phase boundaries (default: the model's device's).
     """
 
@@ -197,6 +198,7 @@ class Decoder:
         self.sampling = sampling or Sampling()
         self.target_top_k = int(target_top_k)
         self.top_k = max(self.target_top_k, int(diagnostic_top_k), 2)  # 2: the argmax needs a tie check
+        self._drafter_top_k = self.target_top_k  # of the decode in progress: set per drafter by generate
         self.device = next(model.parameters()).device
         self.clock = clock or FencedClock.for_device(self.device)
         self.num_layers = model.config.get_text_config().num_hidden_layers
@@ -223,6 +225,7 @@ class Decoder:
         """
         generator = torch.Generator(device=self.device)
         generator.manual_seed(self.sampling.seed if seed is None else seed)
+        self._drafter_top_k = max(self.target_top_k, int(drafter.target_top_k))
         sequence = _Sequence(np.asarray(prompt_ids, dtype=np.int64), max_new_tokens + self.max_draft_tokens + 1,
                              self.num_layers)
         started = self.clock.read()
@@ -242,13 +245,13 @@ class Decoder:
         started = read()
         drafter.begin(sequence.prompt)
         began = read()
-        choices = self._prefill(sequence.cache, sequence.prompt)
+        choices = self._prefill(sequence.cache, sequence.prompt, every_position=drafter.reads_prompt_choices)
         prefilled = read()
-        first = int(choices.argmax[0]) if self.sampling.greedy else draw(
-            target_distribution(choices.logits, self.sampling)[0], generator)
-        self._append(sequence, [first], choices, [0])
+        first = int(choices.argmax[-1]) if self.sampling.greedy else draw(
+            target_distribution(choices.logits[-1:], self.sampling)[0], generator)
+        self._append(sequence, [first], choices, [len(choices.argmax) - 1])
         picked = read()
-        drafter.accept(sequence.last(1), StepOutcome(step=0, draft=Draft.empty(), target_tokens=choices.argmax,
+        drafter.accept(sequence.last(1), StepOutcome(step=0, draft=Draft.empty(), target_tokens=choices.argmax[-1:],
                                                      accepted_nodes=(), target_top_ids=self._top_for_drafter(choices)))
         done = read()
         return StepRecord(step=0, draft_tokens=0, verify_tokens=sequence.prompt.size, accepted_tokens=1,
@@ -298,7 +301,7 @@ class Decoder:
         """Append ``tokens`` (cut after an EOS) with the top-k of the node whose output settled each one."""
         tokens, ended = cut_at_eos(tokens, self.eos_token_ids)
         rows = deciding_nodes[: len(tokens)]
-        sequence.append(tokens, ended, choices.top_ids[rows], choices.top_logits[rows])
+        sequence.append(tokens, ended, choices.top_ids[rows, : self.top_k], choices.top_logits[rows, : self.top_k])
         return tokens
 
     def _learn_costs(self, drafter_name: str, plan: VerifyPlan, path: list[int], verify_tokens: int,
@@ -330,13 +333,15 @@ class Decoder:
                            target_top_ids=None if top is None else plan.scatter(top))
 
     def _top_for_drafter(self, choices: TargetChoices) -> np.ndarray | None:
-        return choices.top_ids[:, : self.target_top_k] if self.target_top_k else None
+        k = self._drafter_top_k
+        return choices.top_ids[:, :k] if k else None
 
     def _choices(self, logits: torch.Tensor) -> TargetChoices:
         """Read the target's choices back to the host. One top-k pass serves both the argmax and the
         diagnostics; where the two best logits tie exactly, topk's order is unspecified, so those rows take
         argmax's (the first best index, as plain greedy decoding picks)."""
-        top_logits, top_ids = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1)  # a vocabulary may be tiny
+        k = max(self.top_k, self._drafter_top_k)
+        top_logits, top_ids = logits.topk(min(k, logits.shape[-1]), dim=-1)  # a vocabulary may be tiny
         top_ids, top_logits = top_ids.cpu().numpy(), top_logits.float().cpu().numpy()
         argmax = top_ids[:, 0].copy()
         tied = np.flatnonzero(top_logits[:, 0] == top_logits[:, 1]) if top_logits.shape[1] > 1 else []
@@ -344,9 +349,11 @@ class Decoder:
             argmax[tied] = logits[torch.from_numpy(tied).to(logits.device)].argmax(dim=-1).cpu().numpy()
         return TargetChoices(argmax=argmax, top_ids=top_ids, top_logits=top_logits, logits=logits)
 
-    def _prefill(self, cache: TreeKVCache, prompt: np.ndarray) -> TargetChoices:
+    def _prefill(self, cache: TreeKVCache, prompt: np.ndarray, every_position: bool = False) -> TargetChoices:
+        """The target reads the prompt; its choices after the last prompt token, or after every one."""
         input_ids = torch.from_numpy(prompt).to(self.device).unsqueeze(0)
-        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True,
+                            logits_to_keep=0 if every_position else 1).logits[0]
         return self._choices(logits)
 
     def _verify(self, cache: TreeKVCache, inputs, n_nodes: int) -> TargetChoices:

@@ -1,0 +1,189 @@
+"""SAM-Decoding (Hu et al., 2024, "Speculative Decoding via Suffix Automaton", arXiv 2411.10666).
+
+Two suffix automata find the longest suffix of the text that occurred before: a dynamic one over the
+question's own context (prompt and output, extended as tokens are accepted) and a static one over a corpus
+(built once per tokenizer and corpus, cached). The draft is what followed the earliest occurrence of that
+suffix. When neither match is long enough, an auxiliary drafter proposes instead: Token Recycling's matrix
+here (the authors' training-free auxiliary), or none.
+
+As the authors' code runs it on Spec-Bench (model/samd @fd2c1cd; docs/fidelity.md traces each line):
+- with an auxiliary (draft.py:55-66): the corpus match counts ``len_bias`` (5) tokens less; if the longer of
+  the two matches reaches ``len_threshold`` (5), the draft is the ``n_predicts - 1`` (39) tokens after the
+  earliest occurrence of the longer match (the context's on a tie), padded with token 0; the context automaton
+  first moves to a shorter suffix while fewer than ``n_predicts`` tokens follow the occurrence (dyn_sam.py:101-107);
+  otherwise the auxiliary's tree (Token Recycling's 60-node template, its matrix fed from every pass and the
+  prompt's positions, kept across questions);
+- without one (draft.py:67-75): the longer match wins (the context's on a tie); a context match drafts
+  ``min(n_predicts, 1 + int(4 * match length)) - 1`` tokens, a corpus match a tree of its most frequent
+  continuations of that size (static_sam.py:194-227);
+- the automata see the prompt and every accepted token; the token the target has just produced is the one
+  looked up (samd_model.py:103-130, utils.py:83-87).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+import numpy as np
+import torch
+
+from specbench.datastores.suffix_array import SEPARATOR
+from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, StaticSuffixAutomaton
+from specbench.decoding.contract import Draft, Drafter, StepOutcome
+from specbench.drafters.base import require_positive
+from specbench.drafters.recycling import TokenRecycling
+from specbench.errors import SpecbenchError
+
+log = logging.getLogger(__name__)
+
+AUXILIARIES = ("recycling", "none")
+
+
+def corpus_automaton(target, corpus: str, cache_dir: str | None = None) -> StaticSuffixAutomaton:
+    """The static automaton of ``corpus`` for this tokenizer: loaded from the cache, or built once from the
+    corpus's statistics datastore (the same tokens REST searches). Like the authors' build script
+    (tools/build_static_sam.py), every document ends with EOS and every vocabulary token is added as a
+    one-token document, so that any token has a match of at least 1."""
+    from specbench.datastores.build import statistics_datastore
+    from specbench.models import cache_root
+
+    cache = cache_root(cache_dir)
+    key = hashlib.sha1(corpus.encode()).hexdigest()[:8]
+    directory = cache / "sam" / f"{target.tokenizer_fingerprint}-{key}"
+    if (directory / "manifest.json").is_file():
+        return StaticSuffixAutomaton.load(directory)
+    datastore = statistics_datastore(target, "auto", corpus, cache_dir)
+    eos = _eos_token(target)
+    documents = _datastore_documents(datastore.tokens)
+    vocab = target.model.config.get_text_config().vocab_size
+    documents.extend(np.array([token], dtype=np.int32) for token in range(vocab))
+    log.info("building the suffix automaton of %s for %s (%d tokens; once, cached in %s)", corpus, target.name,
+             datastore.manifest["tokens"], directory)
+    started = time.perf_counter()
+    automaton = StaticSuffixAutomaton.build(documents, eos)
+    automaton.save(directory, source={"corpus": corpus, "tokenizer": target.tokenizer_fingerprint,
+                                      "build_s": round(time.perf_counter() - started, 1)})
+    return StaticSuffixAutomaton.load(directory)
+
+
+def _eos_token(target) -> int:
+    eos = getattr(target.tokenizer, "eos_token_id", None)
+    return int(eos) if eos is not None else min(target.eos_token_ids)
+
+
+def _datastore_documents(tokens: np.ndarray) -> list[np.ndarray]:
+    """A datastore's token stream (documents each followed by SEPARATOR) split back into documents."""
+    ends = np.flatnonzero(tokens == SEPARATOR)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    return [tokens[start:end] for start, end in zip(starts, ends) if end > start]
+
+
+class SuffixAutomatonDrafter(Drafter):
+    """SAM-Decoding's drafter (see the module docstring).
+
+    n_predicts:     tokens per sequence draft, the looked-up token included (the authors': 40)
+    len_threshold:  shortest match drafted from instead of the auxiliary (5)
+    len_bias:       how much shorter a corpus match counts than a context match (5)
+    alpha:          without an auxiliary, tokens drafted per matched token (4.0)
+    auxiliary:      recycling (Token Recycling's matrix and the samd template) or none
+    corpus:         corpus of the static automaton (python-docs, sharegpt, files, hf:ids), or null for none
+    automaton:      a saved static automaton's directory instead of building one from ``corpus``
+    cache_dir:      where built automata are cached; null = $SPECBENCH_CACHE or ~/.cache/specbench
+    """
+
+    def __init__(self, name: str = "samd", n_predicts: int = 40, len_threshold: int = 5, len_bias: int = 5,
+                 alpha: float = 4.0, auxiliary: str = "recycling", corpus: str | None = "python-docs",
+                 automaton: str | None = None, cache_dir: str | None = None):
+        require_positive(n_predicts=n_predicts, len_threshold=len_threshold)
+        if not isinstance(len_bias, int) or isinstance(len_bias, bool) or len_bias < 0:
+            raise SpecbenchError(f"drafter.len_bias must be a non-negative integer, got {len_bias!r}")
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 0:
+            raise SpecbenchError(f"drafter.alpha must be a positive number, got {alpha!r}")
+        if auxiliary not in AUXILIARIES:
+            raise SpecbenchError(f"drafter.auxiliary={auxiliary!r} is not known; "
+                                 f"choose one of: {', '.join(AUXILIARIES)}")
+        self.name = name
+        self.n_predicts = n_predicts
+        self.len_threshold = len_threshold
+        self.len_bias = len_bias
+        self.alpha = float(alpha)
+        self.corpus = corpus
+        self.automaton_path = automaton
+        self.cache_dir = cache_dir
+        self.context = DynamicSuffixAutomaton()
+        self.static: StaticSuffixAutomaton | None = None
+        self.auxiliary = TokenRecycling(name=f"{name}-recycling", template="samd", learn_from_prompt=True,
+                                        update_on_eos=True) if auxiliary == "recycling" else None
+        if self.auxiliary is not None:
+            self.target_top_k = self.auxiliary.target_top_k
+            self.reads_prompt_choices = True
+        self._fed = 0
+        self._root = -1
+
+    def prepare(self, target, sampling=None) -> None:
+        if self.automaton_path is not None:
+            self.static = StaticSuffixAutomaton.load(self.automaton_path)
+        elif self.corpus is not None:
+            self.static = corpus_automaton(target, self.corpus, self.cache_dir)
+        if self.auxiliary is not None:
+            self.auxiliary.prepare(target)
+
+    def begin(self, prompt_ids: np.ndarray) -> None:
+        self.context.reset()
+        self._fed = 0
+        if self.static is not None:
+            self.static.reset()
+        if self.auxiliary is not None:
+            self.auxiliary.begin(prompt_ids)
+
+    def propose(self, context_ids: np.ndarray) -> Draft:
+        # The automata hold every token but the newest, which is the one looked up.
+        fresh = context_ids[self._fed : len(context_ids) - 1].tolist()
+        self.context.add_tokens(fresh)
+        if self.static is not None:
+            self.static.transfer_tokens(fresh)
+        self._fed = len(context_ids) - 1
+        self._root = root = int(context_ids[-1])
+
+        context_state, context_match = self.context.lookup(root)
+        corpus_state, corpus_match = self.static.lookup(root) if self.static is not None else (0, 0)
+        if self.auxiliary is not None:
+            corpus_match -= self.len_bias
+            if max(context_match, corpus_match) < self.len_threshold:
+                draft = self.auxiliary.propose(context_ids)
+                return Draft(draft.token_ids, parents=draft.parents, sources=("recycling",) * len(draft))
+            if context_match >= corpus_match:
+                return _chain(self.context.draft(context_state, root, self.n_predicts), "context")
+            return _chain(self.static.draft(corpus_state, root, self.n_predicts), "corpus")
+        if context_match >= corpus_match:
+            return _chain(self.context.alpha_draft(context_state, context_match, root, self.n_predicts, self.alpha),
+                          "context")
+        tokens, parents = self.static.probable_tree(corpus_state, corpus_match, root, self.n_predicts, self.alpha)
+        # The tree's first node is the looked-up token itself (the step's root): drop it, renumber the rest.
+        draft_tokens = torch.tensor(tokens[1:], dtype=torch.long)
+        draft_parents = torch.tensor([parent - 1 for parent in parents[1:]], dtype=torch.long)
+        return Draft(draft_tokens, parents=draft_parents, sources=("corpus",) * len(draft_tokens))
+
+    def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
+        if self.auxiliary is None:
+            return
+        top = outcome.target_top_ids
+        if outcome.step == 0:
+            self.auxiliary.accept(accepted_ids, outcome)
+            return
+        # Every pass feeds the matrix, whichever drafter proposed (samd_model.py:205-210).
+        self.auxiliary.learn(np.concatenate(([self._root], outcome.draft.token_ids.numpy())), top)
+
+    def state(self) -> dict[str, np.ndarray] | None:
+        return None if self.auxiliary is None else self.auxiliary.state()
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.auxiliary.restore(state)
+
+
+def _chain(sequence: list[int], source: str) -> Draft:
+    """A sequence draft ([looked-up token, continuation...]) as a chain after the step's root."""
+    tokens = torch.tensor(sequence[1:], dtype=torch.long)
+    return Draft(tokens, sources=(source,) * len(tokens))
