@@ -11,14 +11,13 @@ frequency), and each key keeps its most frequent continuations. On disk:
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from specbench.datastores.ngram_pool import RankedNGrams
+from specbench.datastores.storage import replace_directory
 from specbench.errors import SpecbenchError
 
 FORMAT_VERSION = 1
@@ -54,21 +53,13 @@ def merge_truncated(ngrams: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray,
 
 
 def save_model_db(directory: str | Path, tables: dict, manifest: dict) -> None:
-    directory = Path(directory)
-    staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     arrays = {}
     for key_length, (ngrams, counts) in tables.items():
         arrays[f"ngrams_{key_length}"] = ngrams
         arrays[f"counts_{key_length}"] = counts
-    np.savez(staging / "ngrams.npz", **arrays)
     manifest = {**manifest, "format_version": FORMAT_VERSION,
                 "ngrams": {str(k): len(c) for k, (_, c) in tables.items()}}
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    if directory.exists():
-        shutil.rmtree(directory)
-    staging.replace(directory)
+    replace_directory(directory, lambda staging: np.savez(staging / "ngrams.npz", **arrays), manifest)
 
 
 def load_model_db(directory: str | Path, tokenizer_fingerprint: str, key_tokens: int, continuation_length: int,

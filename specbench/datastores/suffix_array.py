@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
+from specbench.datastores.storage import replace_directory
 from specbench.errors import SpecbenchError
 
 FORMAT_VERSION = 1
@@ -59,16 +58,11 @@ class TokenDatastore:
         return TokenDatastore(tokens, suffixes, manifest)
 
     def save(self, directory: str | Path) -> None:
-        directory = Path(directory)
-        staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        np.save(staging / "tokens.npy", self.tokens)
-        np.save(staging / "suffixes.npy", self.suffixes)
-        (staging / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n")
-        if directory.exists():
-            shutil.rmtree(directory)
-        staging.replace(directory)
+        def write(staging: Path) -> None:
+            np.save(staging / "tokens.npy", self.tokens)
+            np.save(staging / "suffixes.npy", self.suffixes)
+
+        replace_directory(directory, write, self.manifest)
 
     @staticmethod
     def load(directory: str | Path, tokenizer_fingerprint: str | None = None) -> TokenDatastore:

@@ -23,8 +23,6 @@ text fed so far that occurs in the automaton's text.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -32,6 +30,7 @@ from typing import Iterable, Sequence
 import numba
 import numpy as np
 
+from specbench.datastores.storage import replace_directory
 from specbench.errors import SpecbenchError
 
 FORMAT_VERSION = 1
@@ -633,15 +632,12 @@ class StaticSuffixAutomaton:
         directory = Path(directory)
         if source is not None:
             self.manifest["source"] = dict(source)
-        staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for name in _ARRAYS:
-            np.save(staging / f"{name}.npy", np.ascontiguousarray(getattr(self, name)))
-        (staging / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n")
-        if directory.exists():
-            shutil.rmtree(directory)
-        staging.replace(directory)
+
+        def write(staging: Path) -> None:
+            for name in _ARRAYS:
+                np.save(staging / f"{name}.npy", np.ascontiguousarray(getattr(self, name)))
+
+        replace_directory(directory, write, self.manifest)
 
     @staticmethod
     def load(directory: str | Path, expected_manifest_subset: dict | None = None) -> StaticSuffixAutomaton:

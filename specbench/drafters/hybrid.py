@@ -25,7 +25,7 @@ from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, Static
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.drafters.base import require_positive
 from specbench.drafters.recycling import TokenRecycling
-from specbench.drafters.samd import corpus_automaton
+from specbench.drafters.samd import FollowsContext, corpus_automaton
 from specbench.errors import SpecbenchError
 
 RECYCLING_WHEN = ("always", "no_match")
@@ -63,7 +63,7 @@ class TokenTrie:
                      sources=tuple(self.sources))
 
 
-class HybridDrafter(Drafter):
+class HybridDrafter(FollowsContext, Drafter):
     """See the module docstring.
 
     context_tokens:     longest chain taken after a context match (0: no context source)
@@ -129,10 +129,7 @@ class HybridDrafter(Drafter):
             self.recycling.prepare(target)
 
     def begin(self, prompt_ids: np.ndarray) -> None:
-        self.context.reset()
-        self._fed = 0
-        if self.static is not None:
-            self.static.reset()
+        self.restart_automata()
         if self.recycling is not None:
             self.recycling.begin(prompt_ids)
 
@@ -140,12 +137,7 @@ class HybridDrafter(Drafter):
         return f"{source}{min(match, self.label_max_match)}"
 
     def propose(self, context_ids: np.ndarray) -> Draft:
-        fresh = context_ids[self._fed : len(context_ids) - 1].tolist()
-        self.context.add_tokens(fresh)
-        if self.static is not None:
-            self.static.transfer_tokens(fresh)
-        self._fed = len(context_ids) - 1
-        self._root = root = int(context_ids[-1])
+        self._root = root = self.follow(context_ids)
         self._before_root = int(context_ids[-2]) if len(context_ids) > 1 else -1
 
         trie = TokenTrie()
@@ -189,13 +181,10 @@ class HybridDrafter(Drafter):
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
         if self.recycling is None:
             return
-        if outcome.step == 0:
-            self.recycling.accept(accepted_ids, outcome)
-            return
-        draft_tokens = outcome.draft.token_ids.numpy()
-        top = outcome.target_top_ids
-        self.recycling.learn(np.concatenate(([self._root], draft_tokens)), top)
-        if self.recycling_context == 2:
+        self.recycling.learn_step(self._root, accepted_ids, outcome)
+        if self.recycling_context == 2 and outcome.step > 0:
+            draft_tokens = outcome.draft.token_ids.numpy()
+            top = outcome.target_top_ids
             tokens = [self._root, *draft_tokens.tolist()]
             parents = outcome.draft.parents.tolist() if outcome.draft.parents is not None else \
                 list(range(-1, len(draft_tokens) - 1))

@@ -164,6 +164,11 @@ class TokenRecycling(Drafter):
         return Draft(torch.from_numpy(tokens), parents=torch.from_numpy(self.template.parents))
 
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
+        self.learn_step(self._root, accepted_ids, outcome)
+
+    def learn_step(self, root: int, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
+        """Learn what one step's pass said after ``root`` and the draft it verified, whichever drafter
+        proposed it (SAM-Decoding and the hybrid feed their own drafts to the matrix this way)."""
         top = outcome.target_top_ids
         if top is None:
             raise SpecbenchError("Token Recycling needs the target's top-k per verified node; the loop gave none")
@@ -174,7 +179,7 @@ class TokenRecycling(Drafter):
         accepted_draft = accepted_ids[: len(outcome.accepted_nodes)]
         if not self.update_on_eos and any(int(t) in self.eos_token_ids for t in accepted_draft):
             return
-        self.learn(np.concatenate(([self._root], outcome.draft.token_ids.numpy())), top)
+        self.learn(np.concatenate(([root], outcome.draft.token_ids.numpy())), top)
 
     def learn(self, tokens: np.ndarray, top_ids: np.ndarray) -> None:
         """Recycle the target's top-k at the positions of ``tokens`` (the inputs of one forward pass)."""

@@ -80,7 +80,32 @@ def _datastore_documents(tokens: np.ndarray) -> list[np.ndarray]:
     return [tokens[start:end] for start, end in zip(starts, ends) if end > start]
 
 
-class SuffixAutomatonDrafter(Drafter):
+class FollowsContext:
+    """Keeps a context automaton (``self.context``) and an optional corpus automaton (``self.static``) in step
+    with a decode: they hold every context token but the newest, which is the one looked up
+    (samd_model.py:196-210, utils.py:83-87). Mixed into the drafters that read them."""
+
+    context: DynamicSuffixAutomaton
+    static: StaticSuffixAutomaton | None
+
+    def restart_automata(self) -> None:
+        """A new question: an empty context automaton, the corpus automaton's cursor at its root."""
+        self.context.reset()
+        self._fed = 0
+        if self.static is not None:
+            self.static.reset()
+
+    def follow(self, context_ids: np.ndarray) -> int:
+        """Feed the automata the tokens they have not seen but the newest, and return the newest."""
+        fresh = context_ids[self._fed : len(context_ids) - 1].tolist()
+        self.context.add_tokens(fresh)
+        if self.static is not None:
+            self.static.transfer_tokens(fresh)
+        self._fed = len(context_ids) - 1
+        return int(context_ids[-1])
+
+
+class SuffixAutomatonDrafter(FollowsContext, Drafter):
     """SAM-Decoding's drafter (see the module docstring).
 
     n_predicts:     tokens per sequence draft, the looked-up token included (the authors': 40)
@@ -131,21 +156,12 @@ class SuffixAutomatonDrafter(Drafter):
             self.auxiliary.prepare(target)
 
     def begin(self, prompt_ids: np.ndarray) -> None:
-        self.context.reset()
-        self._fed = 0
-        if self.static is not None:
-            self.static.reset()
+        self.restart_automata()
         if self.auxiliary is not None:
             self.auxiliary.begin(prompt_ids)
 
     def propose(self, context_ids: np.ndarray) -> Draft:
-        # The automata hold every token but the newest, which is the one looked up.
-        fresh = context_ids[self._fed : len(context_ids) - 1].tolist()
-        self.context.add_tokens(fresh)
-        if self.static is not None:
-            self.static.transfer_tokens(fresh)
-        self._fed = len(context_ids) - 1
-        self._root = root = int(context_ids[-1])
+        self._root = root = self.follow(context_ids)
 
         context_state, context_match = self.context.lookup(root)
         corpus_state, corpus_match = self.static.lookup(root) if self.static is not None else (0, 0)
@@ -167,14 +183,9 @@ class SuffixAutomatonDrafter(Drafter):
         return Draft(draft_tokens, parents=draft_parents, sources=("corpus",) * len(draft_tokens))
 
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
-        if self.auxiliary is None:
-            return
-        top = outcome.target_top_ids
-        if outcome.step == 0:
-            self.auxiliary.accept(accepted_ids, outcome)
-            return
-        # Every pass feeds the matrix, whichever drafter proposed (samd_model.py:205-210).
-        self.auxiliary.learn(np.concatenate(([self._root], outcome.draft.token_ids.numpy())), top)
+        if self.auxiliary is not None:
+            # Every pass feeds the matrix, whichever source drafted (samd_model.py:205-210).
+            self.auxiliary.learn_step(self._root, accepted_ids, outcome)
 
     def state(self) -> dict[str, np.ndarray] | None:
         return None if self.auxiliary is None else self.auxiliary.state()
