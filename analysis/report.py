@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.figures import make_all
+from analysis.runs import untrusted_runs
 from analysis.tables import formatted, leaderboard
 from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements, token_costs
 
@@ -21,6 +22,7 @@ th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 .note { color: #666; font-size: 13px; }
+.warning { border-left: 4px solid #c00; padding: 0.3em 0.8em; background: #fff3f3; }
 """
 
 
@@ -28,16 +30,34 @@ def _table_html(frame: pd.DataFrame, float_format="{:.3f}") -> str:
     return frame.to_html(index=False, border=0, float_format=lambda v: float_format.format(v))
 
 
-def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = "specbench report") -> Path:
-    """Write ``out`` (an .html file) and return it."""
+def _warning_box(heading: str, lines: list[str]) -> str:
+    return (f"<div class='warning'><p><b>{html.escape(heading)}</b></p><ul>"
+            + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul></div>")
+
+
+def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = "specbench report",
+                 problems: list[str] | tuple = ()) -> Path:
+    """Write ``out`` (an .html file) and return it. Runs whose timings are flagged as untrustworthy (busy
+    machine) are listed in a box at the top and marked in the tables; ``problems`` (``LoadedRuns.problems``:
+    runs and files left out, and why) are listed in another."""
     sections = [f"<h1>{html.escape(title)}</h1>",
                 f"<p class='note'>Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from "
                 f"{questions.run_dir.nunique()} run(s), {len(questions)} question records.</p>"]
+    flagged = untrusted_runs(questions)
+    if flagged:
+        sections.append(_warning_box(
+            f"Timing UNTRUSTED for {len(flagged)} run(s): their summary.json flags a busy machine (other processes "
+            "on the cores, or AR passes far slower than the run's median). Their numbers are shown as measured, "
+            "marked UNTRUSTED in the tables, and are not comparable with the others.", flagged))
+    if problems:
+        sections.append(_warning_box("Left out, in whole or in part:", list(problems)))
     if not questions.empty:
         sections += ["<h2>Speedup and mean accepted tokens (MAT)</h2>",
                      "<p class='note'>Spec-Bench's definitions: per-question tokens/s averaged over questions, "
                      "method over its paired AR baseline; MAT counts the bonus token. Mean ± standard deviation "
-                     "over repeated runs of a configuration.</p>",
+                     "over repeated runs of a configuration: runs count as repeats only when every result-affecting "
+                     "setting of their run.json and their set of questions match; otherwise their labels say what "
+                     "differs.</p>",
                      _table_html(formatted(leaderboard(questions)))]
     if not steps.empty:
         table = model_table(steps)
@@ -50,7 +70,8 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
                      "run, padding included) in a table, interpolated between counts, no line fitted: "
                      "<b>calib</b> from the run's calibration at its start (verify_latency.json), <b>loo</b> "
                      "the mean verify time per count over the other runs of the same model, device, dtype and "
-                     "threads. tokens_per_step is accepted tokens per decoding step, bonus included (not MAT, "
+                     "threads (and, where recorded, weights, machine and software versions). tokens_per_step "
+                     "is accepted tokens per decoding step, bonus included (not MAT, "
                      "which counts the prefill too); loo_outside is the share of steps whose count the "
                      "leave-one-out table lacks. dsd_form_tps is the paper's own form, tokens_per_step / "
                      "(draft + T_target), without the overhead. Largest deviation of predicted from measured: "

@@ -4,22 +4,49 @@ Spec-Bench's own model_answer files into the same per-question table.
     from analysis.runs import load_questions, load_steps, load_summaries
     questions = load_questions(["runs/"])   # one row per run and question, method and paired baseline
     steps = load_steps(["runs/"])           # every decoding step, tagged with its run
+
+Runs are repeats of one configuration, averaged together by the tables, only when every result-affecting
+setting of their run.json (``flat_settings``) and their set of questions match; otherwise their labels say
+what differs (``pld dtype=bfloat16``, ``pld questions=2``), and a note says which settings split a label.
+
+What bad inputs do (every message names the file):
+
+* a half-written last line of answers.jsonl or baseline_answers.jsonl (a run killed while writing) is left
+  out with a warning (``specbench.records.read_jsonl_records``);
+* a run directory whose summary.json or run.json is empty or not JSON, or whose answer files are damaged
+  before their last line, is left out with a warning: one damaged run among many should not block the tables
+  of the others, and the warning says which run is missing from them;
+* a run directory without a readable steps.parquet stays in the tables and is left out of the step-level
+  analyses (throughput model, latency figures), with a warning;
+* a summary.json or run.json of a schema version this code does not read, or without a key it needs, is an
+  error (``SpecbenchError``): the file is intact but means something else, and reading it anyway could give
+  wrong numbers; the remedy is a matching analysis, not a missing row.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import yaml
+from pyarrow import ArrowException
 
 from specbench import metrics
 from specbench.data import task_of
-from specbench.records import STEP_COLUMNS, SUMMARY_KEYS
+from specbench.errors import SpecbenchError
+from specbench.records import STEP_COLUMNS, SUMMARY_KEYS, SUPPORTED_SCHEMAS, read_json_file, read_jsonl_records
 from specbench.settings import method_name
 
-RUN_COLUMNS = ["run_dir", "model", "drafter", "label"]
+log = logging.getLogger(__name__)
+
+# trustworthy: summary.json's timing.trustworthy (None when the run did not check: schema 2, Spec-Bench's
+# files); timing_warnings: its warnings, joined by "; ".
+RUN_COLUMNS = ["run_dir", "model", "drafter", "label", "trustworthy", "timing_warnings"]
 # tokens_per_s: metrics.answer_rate; accept_lengths: the per-step list (MAT needs it); accepted, steps: its sum
 # and length; drafted: candidate draft tokens verified (None in records that lack the count); mismatch: how the
 # answer first differs from the baseline's (near_tie, violation, not_checked), None when it does not or when
@@ -27,6 +54,20 @@ RUN_COLUMNS = ["run_dir", "model", "drafter", "label"]
 QUESTION_COLUMNS = [*RUN_COLUMNS, "question_id", "task", "category", "tokens", "seconds", "tokens_per_s",
                     "baseline_tokens", "baseline_seconds", "baseline_tokens_per_s", "identical", "mismatch",
                     "accept_lengths", "accepted", "steps", "drafted"]
+
+# Schema 2 wrote the run.* settings flat at the top of run.json; schema 3 nests them under "run". These are
+# the flat keys that are run.* settings, so both layouts flatten to the same names.
+SCHEMA2_RUN_KEYS = ("max_new_tokens", "temperature", "top_p", "seed", "baseline", "verify_padding", "draft_budget",
+                    "linear_backend")
+SCHEMA2_RENAMED = {"question_file": "task.path"}
+# Recorded for the record only: a new commit or patch release of Python does not make another configuration.
+# schema_version is the file's format, not a setting (a schema-2 and a schema-3 run can be repeats).
+NOT_COMPARED = ("schema_version", "environment.git_sha", "environment.python")
+# The software and machine facts that change results, under their run.json (schema 3) names; schema 2 kept
+# them in summary.json's environment, where the device's name is "device" (run.json's "device" is "cpu").
+ENVIRONMENT_KEYS = {"torch": "torch", "transformers": "transformers", "specbench": "specbench",
+                    "device": "device_name", "device_name": "device_name"}
+TIMING_OK, TIMING_UNTRUSTED, TIMING_UNCHECKED = "ok", "UNTRUSTED", "unchecked"
 
 
 def find_run_dirs(paths) -> list[Path]:
@@ -39,19 +80,137 @@ def find_run_dirs(paths) -> list[Path]:
     return sorted(found)
 
 
+def check_schema(document: dict, path: Path, required: tuple[str, ...]) -> int:
+    """``document``'s schema_version, after checking that this code reads it and that ``required`` keys are
+    there; a one-line SpecbenchError naming ``path`` otherwise."""
+    supported = ", ".join(map(str, SUPPORTED_SCHEMAS))
+    version = document.get("schema_version")
+    if isinstance(version, bool) or version not in SUPPORTED_SCHEMAS:
+        found = "has no schema_version" if "schema_version" not in document else f"has schema_version {version!r}"
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > max(SUPPORTED_SCHEMAS)
+        hint = ("written by a newer specbench: update this checkout" if newer
+                else "not a specbench result file of a version this analysis reads")
+        raise SpecbenchError(f"{path} {found}; this analysis reads schema versions {supported} ({hint})")
+    missing = [key for key in required if key not in document]
+    if missing:
+        raise SpecbenchError(f"{path} (schema_version {version}) lacks {', '.join(map(repr, missing))}; the file is "
+                             f"incomplete (supported schema versions: {supported})")
+    return version
+
+
+def read_summary(run_dir: Path) -> dict:
+    """The run's summary.json, checked (``check_summary``)."""
+    path = Path(run_dir) / "summary.json"
+    summary = read_json_file(path, "run's summary")
+    check_summary(summary, path)
+    return summary
+
+
+def check_summary(summary: dict, path: Path) -> None:
+    """A supported schema version, with model, drafter and per-task statistics, and a timing verdict that says
+    true or false when there is one; a one-line SpecbenchError naming ``path`` otherwise."""
+    check_schema(summary, path, ("model", "drafter", "tasks"))
+    tasks = summary["tasks"]
+    if not isinstance(tasks, dict) or not all(isinstance(stats, dict) for stats in tasks.values()):
+        raise SpecbenchError(f"{path}: 'tasks' is not an object of per-task statistics; the file is damaged")
+    timing = summary.get("timing")
+    if timing is not None and not (isinstance(timing, dict) and isinstance(timing.get("trustworthy"), bool)):
+        raise SpecbenchError(f"{path}: 'timing' has no true/false 'trustworthy'; the file is damaged")
+
+
+def read_run_json(run_dir: Path) -> dict:
+    """The run's run.json as written (either schema's layout), checked; empty when the run has none."""
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        return {}
+    settings = read_json_file(path, "run's settings")
+    check_schema(settings, path, ("model", "drafter"))
+    return settings
+
+
+def compatible_settings(settings: dict) -> dict:
+    """run.json in schema 2's shape whichever schema wrote it: schema 3's run.* settings also at the top level
+    (where ``settings.get("temperature")`` finds them). The top-level keys win: its ``threads`` is the thread
+    count the run used, run.threads only the configured one (None: the default)."""
+    nested, task = settings.get("run"), settings.get("task")
+    if not isinstance(nested, dict):
+        return dict(settings)
+    return {**nested, "question_file": task.get("path") if isinstance(task, dict) else None, **settings}
+
+
 def run_settings(run_dir: Path) -> dict:
-    """The run's run.json (empty when it has none)."""
-    settings_file = run_dir / "run.json"
-    return json.loads(settings_file.read_text()) if settings_file.is_file() else {}
+    """The run's run.json (empty when it has none), in schema 2's shape (``compatible_settings``)."""
+    return compatible_settings(read_run_json(run_dir))
+
+
+def _text(value) -> str:
+    """A setting as comparable text: 0.0 and 0 read the same, as do schema 2's and 3's JSON for one value."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _flatten(node, prefix: str, flat: dict[str, str]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _flatten(value, f"{prefix}.{key}" if prefix else str(key), flat)
+    else:
+        flat[prefix] = _text(node)
+
+
+def flat_settings(settings: dict, summary_environment: dict | None = None) -> dict[str, str]:
+    """The result-affecting settings of a run.json of either layout, as {dotted key: value as text}:
+    "run.temperature", "dtype", "threads", "drafter.gamma", "model_config.num_layers", "environment.torch", ...
+
+    Schema 2's flat run keys get their schema-3 names ("temperature" -> "run.temperature", "question_file" ->
+    "task.path"), so runs of equal settings written by either compare equal on the keys both record. Schema 2
+    kept the software versions and the device's name in summary.json's environment: pass it as
+    ``summary_environment`` to have them too (ignored when run.json has its own). environment.git_sha,
+    environment.python and schema_version are left out (they do not change results); so is task.path when
+    the question file's content digest is recorded (the same questions read from another path are the same
+    benchmark).
+
+    >>> flat_settings({"schema_version": 2, "temperature": 0.0, "drafter": {"name": "pld", "gamma": 4}})
+    {'run.temperature': '0', 'drafter.name': 'pld', 'drafter.gamma': '4'}
+    """
+    nested = isinstance(settings.get("run"), dict)
+    flat: dict[str, str] = {}
+    for key, value in settings.items():
+        if not nested and key in SCHEMA2_RUN_KEYS:
+            key = f"run.{key}"
+        elif not nested and key in SCHEMA2_RENAMED:
+            key = SCHEMA2_RENAMED[key]
+        _flatten(value, key, flat)
+    environment = settings.get("environment")
+    if not isinstance(environment, dict):
+        environment = summary_environment or {}
+    for key in [key for key in flat if key.startswith("environment.")]:
+        del flat[key]
+    for key, value in environment.items():
+        if key in ENVIRONMENT_KEYS:
+            flat[f"environment.{ENVIRONMENT_KEYS[key]}"] = _text(value)
+        elif key not in ("dtype", "threads"):  # schema 2's summary repeats these; run.json has them at the top
+            flat[f"environment.{key}"] = _text(value)
+    if flat.get("task.content_sha256") not in (None, "null"):
+        flat.pop("task.path", None)
+    for key in NOT_COMPARED:
+        flat.pop(key, None)
+    return flat
 
 
 def run_label(summary: dict, settings: dict) -> str:
     """The name a run is shown under: its method's name (``hd``, ``hd+budget``: drafter plus specbench's
     tunings), with the temperature when it samples (``pld T=0.7``). Summaries written before the method name
-    was recorded get it from run.json's tuning switches (``settings``)."""
+    was recorded get it from run.json's tuning switches (``settings``, either layout)."""
+    settings = compatible_settings(settings)
     method = summary.get("method")
     if not method:
-        method = method_name(summary["drafter"], settings.get("draft_budget", "off"), settings.get("verify_padding", "off"))
+        method = method_name(summary["drafter"], settings.get("draft_budget", "off"),
+                             settings.get("verify_padding", "off"))
     temperature = settings.get("temperature") or 0.0
     return method if temperature == 0 else f"{method} T={temperature:g}"
 
@@ -74,72 +233,271 @@ def drafter_settings(settings: dict) -> dict[str, str]:
     {"statistics_corpus": "sharegpt", "model_db_build.max_prompts": "96", ...}."""
     drafter = settings.get("drafter")
     flat: dict[str, str] = {}
-
-    def walk(node, prefix):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            flat[prefix[:-1]] = json.dumps(node) if isinstance(node, (list, dict)) else str(node)
-
-    walk(drafter if isinstance(drafter, dict) else {}, "")
+    _flatten(drafter if isinstance(drafter, dict) else {}, "", flat)
     flat.pop("name", None)
     return flat
 
 
+def run_timing(summary: dict) -> tuple[bool | None, list[str]]:
+    """summary.json's timing verdict: (trustworthy, warnings); (None, []) when the run did not check (schema 2)."""
+    timing = summary.get("timing")
+    if not timing:
+        return None, []
+    return bool(timing["trustworthy"]), [str(warning) for warning in timing.get("warnings") or []]
+
+
+def timing_flag(trustworthy) -> str:
+    """One run's timing as shown: "ok", "UNTRUSTED" (timed on a busy machine), "unchecked" (not recorded)."""
+    if trustworthy is None or (not isinstance(trustworthy, str) and pd.isna(trustworthy)):
+        return TIMING_UNCHECKED
+    return TIMING_OK if bool(trustworthy) else TIMING_UNTRUSTED
+
+
+def timing_warnings_text(joined, shown: int = 5) -> str:
+    """A run's timing_warnings ("; "-joined) cut to the first ``shown``: a busy machine can flag every question."""
+    warnings = [warning for warning in (joined if isinstance(joined, str) else "").split("; ") if warning]
+    if not warnings:
+        return "no reason recorded"
+    return "; ".join(warnings[:shown]) + (f" (and {len(warnings) - shown} more)" if len(warnings) > shown else "")
+
+
+def untrusted_runs(frame: pd.DataFrame) -> list[str]:
+    """One line per run of ``frame`` (any table with the run columns) whose timings summary.json flags as
+    untrustworthy: "model label (run_dir): warnings"."""
+    if frame.empty or "trustworthy" not in frame:
+        return []
+    return [f"{row.model} {row.label} ({row.run_dir}): {timing_warnings_text(row.timing_warnings)}"
+            for row in frame.drop_duplicates("run_dir").itertuples()
+            if timing_flag(row.trustworthy) == TIMING_UNTRUSTED]
+
+
+def answer_record_problem(record, needed: tuple[str, ...]) -> str | None:
+    """What keeps ``record`` from being a model_answer record with ``choices[0]``'s ``needed`` lists, or None."""
+    if not isinstance(record, dict):
+        return "is not a JSON object"
+    choices = record.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        if "turns" in record:
+            return "has turns but no choices: it is a question (Spec-Bench's question.jsonl), not an answer"
+        return "has no choices"
+    for key in ("question_id", "category"):
+        if key not in record:
+            return f"has no {key}"
+    choice = choices[0]
+    for key in needed:
+        if not isinstance(choice.get(key), list):
+            return f"has no choices[0].{key}"
+    if not all(isinstance(value, (int, float)) for key in ("new_tokens", "wall_time") for value in choice[key]):
+        return "has a non-numeric new_tokens or wall_time"
+    if not sum(choice["wall_time"]) > 0:
+        return "has no positive wall_time (its tokens/s would divide by zero)"
+    return None
+
+
+def check_answer_records(records: list[dict], path: Path, needed: tuple[str, ...]) -> None:
+    """A one-line SpecbenchError naming ``path`` and the first record that is not a model_answer record with
+    ``choices[0]``'s ``needed`` lists (new_tokens and wall_time at least), or when there is none."""
+    if not records:
+        raise SpecbenchError(f"{path} holds no answer records")
+    for number, record in enumerate(records, start=1):
+        problem = answer_record_problem(record, needed)
+        if problem:
+            known_id = isinstance(record, dict) and "question_id" in record
+            which = f" (question_id {record['question_id']})" if known_id else ""
+            raise SpecbenchError(f"{path}: record {number}{which} {problem}; expected model_answer records with "
+                                 f"choices[0].{', '.join(needed)}")
+
+
+METHOD_NEEDS = ("new_tokens", "wall_time", "accept_lengths")
+BASELINE_NEEDS = ("new_tokens", "wall_time")
+
+
+def _ids_digest(question_ids: frozenset) -> str:
+    return hashlib.sha256(json.dumps(sorted(map(str, question_ids))).encode()).hexdigest()[:6]
+
+
+@dataclass
+class _Run:
+    """One run directory as read: its files' contents, the settings that tell repeats apart, its row info."""
+
+    path: Path
+    summary: dict
+    settings: dict
+    compared: dict[str, str]
+    answers: list[dict] | None  # None: no answers.jsonl
+    baseline: list[dict] | None  # None: no baseline_answers.jsonl
+    info: dict = field(default_factory=dict)
+
+    @property
+    def question_ids(self) -> frozenset:
+        return frozenset(record["question_id"] for record in self.answers or [])
+
+
+def _read_answer_file(path: Path, needed: tuple[str, ...]) -> list[dict] | None:
+    if not path.is_file():
+        return None
+    records = read_jsonl_records(path, "answer record")
+    if records:  # an empty file: a run that has answered nothing yet
+        check_answer_records(records, path, needed)
+    return records
+
+
+def _read_run(run_dir: Path, problems: list[str]) -> _Run | None:
+    """``run_dir`` read and checked, or None (with the reason appended to ``problems`` and logged) when one of
+    its files is damaged. A schema this code does not read is an error, not a skip (see the module's doc)."""
+    settings_file = run_dir / "run.json"
+    try:
+        summary = read_json_file(run_dir / "summary.json", "run's summary")
+        settings = read_json_file(settings_file, "run's settings") if settings_file.is_file() else {}
+    except SpecbenchError as error:
+        _problem(problems, f"{error}: run {run_dir} left out")
+        return None
+    check_summary(summary, run_dir / "summary.json")
+    if settings_file.is_file():  # runs written before run.json existed have none: their settings are unknown
+        check_schema(settings, settings_file, ("model", "drafter"))
+    try:
+        answers = _read_answer_file(run_dir / "answers.jsonl", METHOD_NEEDS)
+        baseline = _read_answer_file(run_dir / "baseline_answers.jsonl", BASELINE_NEEDS)
+    except SpecbenchError as error:
+        _problem(problems, f"{error}: run {run_dir} left out")
+        return None
+    environment = summary.get("environment")
+    compared = flat_settings(settings, environment if isinstance(environment, dict) else None)
+    compared.update({f"drafter.{key}": value for key, value in sweep_overrides(run_dir).items()})
+    trustworthy, warnings = run_timing(summary)
+    info = {"run_dir": str(run_dir), "model": summary["model"], "drafter": summary["drafter"],
+            "label": run_label(summary, settings), "trustworthy": trustworthy, "timing_warnings": "; ".join(warnings)}
+    return _Run(run_dir, summary, settings, compared, answers, baseline, info)
+
+
+def _problem(problems: list[str], text: str) -> None:
+    problems.append(text)
+    log.warning("%s", text)
+
+
+def _split_labels(runs: list[_Run], notes: list[str]) -> None:
+    """Give runs of one model and label that are not repeats of one configuration labels of their own.
+
+    Runs are repeats when every compared setting that both record is equal and they answered the same
+    questions. Within a (model, label) group, a setting "differs" when the runs that record it hold more than
+    one value; each run's label gets every differing setting (``key=value``, "-" where the run does not record
+    it; drafter settings without their "drafter." prefix, as sweeps name them) and, when the runs answered
+    different question sets, ``questions=N`` (plus a digest of the ids when two sets of N differ). A key only
+    some runs record is not a difference by itself: a schema-2 run lacks schema 3's new keys but may well be
+    a repeat of a schema-3 run."""
+    groups: dict[tuple, list[_Run]] = {}
+    for run in runs:
+        groups.setdefault((run.info["model"], run.info["label"]), []).append(run)
+    for (model, label), members in groups.items():
+        if len(members) < 2:
+            continue
+        keys = sorted({key for run in members for key in run.compared} - {"model", "drafter.name"})
+        differing = [key for key in keys if len({run.compared[key] for run in members if key in run.compared}) > 1]
+        id_sets = {run.question_ids for run in members}
+        if not differing and len(id_sets) == 1:
+            continue
+        sizes = Counter(len(ids) for ids in id_sets)
+        for run in members:
+            parts = [f"{key.removeprefix('drafter.')}={run.compared.get(key, '-')}" for key in differing]
+            if len(id_sets) > 1:
+                ids = run.question_ids
+                parts.append(f"questions={len(ids)}" + (f"#{_ids_digest(ids)}" if sizes[len(ids)] > 1 else ""))
+            run.info["label"] = " ".join([label, *parts])
+        what = [key.removeprefix("drafter.") for key in differing] + (["questions"] if len(id_sets) > 1 else [])
+        shown = sorted({run.info["label"] for run in members})
+        note = (f"{model} {label}: its {len(members)} runs are not all repeats (they differ in {', '.join(what)}); "
+                f"shown apart as {', '.join(repr(name) for name in shown)}")
+        notes.append(note)
+        log.info("%s", note)
+
+
+def _read_runs(run_dirs: list[Path], problems: list[str], notes: list[str]) -> list[_Run]:
+    runs = [run for run in (_read_run(run_dir, problems) for run_dir in run_dirs) if run is not None]
+    _split_labels(runs, notes)
+    return runs
+
+
 def run_infos(run_dirs: list[Path]) -> dict[Path, dict]:
-    """run_dir, model, drafter and label of each run. Runs of one model whose labels coincide but whose drafter
-    settings differ (a sweep's ``drafter.gamma=2`` vs ``=4``, or REST on another corpus) get the differing
-    settings appended, so that they stay apart; repeats of one configuration keep one label and are averaged
-    together by the tables."""
-    infos, overrides = {}, {}
-    for run_dir in run_dirs:
-        summary, settings = json.loads((run_dir / "summary.json").read_text()), run_settings(run_dir)
-        infos[run_dir] = {"run_dir": str(run_dir), "model": summary["model"], "drafter": summary["drafter"],
-                          "label": run_label(summary, settings)}
-        overrides[run_dir] = {**drafter_settings(settings), **sweep_overrides(run_dir)}
-    groups: dict[tuple, list[Path]] = {}
-    for run_dir, info in infos.items():
-        groups.setdefault((info["model"], info["label"]), []).append(run_dir)
-    for members in groups.values():
-        keys = sorted({key for run_dir in members for key in overrides[run_dir]})
-        differing = [key for key in keys if len({overrides[run_dir].get(key) for run_dir in members}) > 1]
-        for run_dir in members:
-            extra = " ".join(f"{key}={overrides[run_dir].get(key, '-')}" for key in differing)
-            if extra:
-                infos[run_dir]["label"] += f" {extra}"
-    return infos
+    """The run columns (RUN_COLUMNS) of each readable run: run_dir, model, drafter, label, timing. Runs of one
+    model whose labels coincide but that are not repeats of one configuration (another drafter, dtype, thread
+    count, software version, question set, ...) get what differs appended to their labels (``_split_labels``);
+    repeats keep one label and are averaged together by the tables."""
+    return {run.path: run.info for run in _read_runs(list(run_dirs), [], [])}
+
+
+@dataclass
+class LoadedRuns:
+    """What ``load_runs`` read: per-question rows, step rows, and the messages a reader must see: problems
+    (runs or files left out, and why) and notes (labels split because their runs are not repeats)."""
+
+    questions: pd.DataFrame
+    steps: pd.DataFrame
+    problems: list[str]
+    notes: list[str]
+
+
+def _read_steps(run: _Run, problems: list[str]) -> pd.DataFrame | None:
+    steps_file = run.path / "steps.parquet"
+    if not steps_file.is_file():
+        _problem(problems, f"{steps_file} not found: run {run.path} is left out of the step-level analyses")
+        return None
+    try:
+        frame = pd.read_parquet(steps_file)
+    except (OSError, ValueError, ArrowException) as error:  # pyarrow's errors for a cut or foreign file
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        _problem(problems, f"{steps_file} is damaged ({reason}): run {run.path} is left out of the step-level analyses")
+        return None
+    missing = [column for column in STEP_COLUMNS if column not in frame]
+    if missing:
+        _problem(problems, f"{steps_file} lacks the columns {', '.join(missing)}: run {run.path} is left out of the "
+                           "step-level analyses")
+        return None
+    return frame
+
+
+def load_runs(paths, with_steps: bool = True) -> LoadedRuns:
+    """Every run directory at or below ``paths``, read once: per-question rows (QUESTION_COLUMNS), and with
+    ``with_steps`` every step record with the run columns in front. Problems and notes are also logged."""
+    problems, notes = [], []
+    runs = _read_runs(find_run_dirs(paths), problems, notes)
+    rows, frames = [], []
+    for run in runs:
+        if run.answers is not None:
+            rows += question_rows(run.answers, run.baseline, run.info)
+        if with_steps:
+            frame = _read_steps(run, problems)
+            if frame is not None:
+                for column, value in reversed(list(run.info.items())):
+                    frame.insert(0, column, [value] * len(frame))
+                frames.append(frame)
+    questions = pd.DataFrame(rows, columns=QUESTION_COLUMNS)
+    steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*RUN_COLUMNS, *STEP_COLUMNS])
+    return LoadedRuns(questions, steps, problems, notes)
+
+
+def load_questions(paths) -> pd.DataFrame:
+    """One row per (run, question): the method's and the paired baseline's tokens and seconds."""
+    return load_runs(paths, with_steps=False).questions
 
 
 def load_summaries(paths) -> pd.DataFrame:
-    """One row per (run, task) with the run's model and drafter and the summary's statistics."""
+    """One row per (run, task) with the run's columns and the summary's statistics."""
     rows = []
-    infos = run_infos(find_run_dirs(paths))
-    for run_dir, info in infos.items():
-        summary = json.loads((run_dir / "summary.json").read_text())
-        for task, stats in summary["tasks"].items():
-            rows.append({**info, "task": task, **{key: stats.get(key) for key in SUMMARY_KEYS}})
+    for run in _read_runs(find_run_dirs(paths), [], []):
+        for task, stats in run.summary["tasks"].items():
+            rows.append({**run.info, "task": task, **{key: stats.get(key) for key in SUMMARY_KEYS}})
     return pd.DataFrame(rows, columns=[*RUN_COLUMNS, "task", *SUMMARY_KEYS])
 
 
 def load_steps(paths) -> pd.DataFrame:
     """Every step record of every run, with the run's columns added."""
-    frames = []
-    for run_dir, info in run_infos(find_run_dirs(paths)).items():
-        steps_file = run_dir / "steps.parquet"
-        if not steps_file.is_file():
-            continue
-        frame = pd.read_parquet(steps_file)
-        for column, value in reversed(list(info.items())):
-            frame.insert(0, column, value)
-        frames.append(frame)
-    if not frames:
-        return pd.DataFrame(columns=[*RUN_COLUMNS, *STEP_COLUMNS])
-    return pd.concat(frames, ignore_index=True)
+    return load_runs(paths).steps
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The records of a .jsonl file (``read_jsonl_records``: a half-written last line is left out with a
+    warning; a damaged line before it is a SpecbenchError naming file and line)."""
+    return read_jsonl_records(path, "answer record")
 
 
 def record_task(record: dict) -> str:
@@ -154,6 +512,7 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
     ``specbench.metrics``. Keys that only specbench's records carry (task, identical, mismatch, drafted) are
     None when absent, except the task, which then follows from the category."""
     by_id = {record["question_id"]: record for record in baseline or []}
+    info = {"trustworthy": None, "timing_warnings": "", **info}
     rows = []
     for record in answers:
         choice = record["choices"][0]
@@ -176,21 +535,30 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
     return rows
 
 
-def load_questions(paths) -> pd.DataFrame:
-    """One row per (run, question): the method's and the paired baseline's tokens and seconds."""
-    rows = []
-    for run_dir, info in run_infos(find_run_dirs(paths)).items():
-        answers_file, baseline_file = run_dir / "answers.jsonl", run_dir / "baseline_answers.jsonl"
-        if not answers_file.is_file():
-            continue
-        baseline = read_jsonl(baseline_file) if baseline_file.is_file() else None
-        rows += question_rows(read_jsonl(answers_file), baseline, info)
-    return pd.DataFrame(rows, columns=QUESTION_COLUMNS)
+def _read_spec_bench_file(path: Path, needed: tuple[str, ...], role: str) -> list[dict]:
+    """One --spec-bench file's records, checked; every problem a one-line SpecbenchError naming it."""
+    if not path.is_file():
+        raise SpecbenchError(f"--spec-bench {role} file {path} not found")
+    try:
+        records = read_jsonl_records(path, "model_answer record")
+    except SpecbenchError as error:
+        raise SpecbenchError(f"--spec-bench {role} file: {error} (expected Spec-Bench's model_answer .jsonl, the "
+                             "output of its evaluation/inference_*.py)") from None
+    check_answer_records(records, path, needed)
+    return records
 
 
 def read_spec_bench(method_file: str | Path, baseline_file: str | Path, model: str, drafter: str) -> pd.DataFrame:
     """Spec-Bench's own model_answer files (``evaluation/inference_*.py`` output): a method's answers and the
-    baseline's, as per-question rows that sit in one table with specbench's runs."""
+    baseline's, as per-question rows that sit in one table with specbench's runs. A file that is missing, not
+    JSON lines, or whose records lack choices[0].new_tokens / wall_time (and, for the method, accept_lengths)
+    is a one-line SpecbenchError naming it."""
+    method_file, baseline_file = Path(method_file), Path(baseline_file)
+    answers = _read_spec_bench_file(method_file, METHOD_NEEDS, "method")
+    baseline = _read_spec_bench_file(baseline_file, BASELINE_NEEDS, "baseline")
+    unpaired = {record["question_id"] for record in answers} - {record["question_id"] for record in baseline}
+    if unpaired:
+        log.warning("%s lacks %d of %s's questions (e.g. %s): their speedup is unknown", baseline_file, len(unpaired),
+                    method_file, sorted(map(str, unpaired))[0])
     info = {"run_dir": str(method_file), "model": model, "drafter": drafter, "label": drafter}
-    rows = question_rows(read_jsonl(Path(method_file)), read_jsonl(Path(baseline_file)), info)
-    return pd.DataFrame(rows, columns=QUESTION_COLUMNS)
+    return pd.DataFrame(question_rows(answers, baseline, info), columns=QUESTION_COLUMNS)

@@ -6,6 +6,10 @@ others, those that first differ at a near-tie or by a violation (summed over rep
 Every statistic comes from ``specbench.metrics`` (Spec-Bench's definitions): speedup is tokens/s per
 question (all turns), averaged over questions, method over baseline; MAT is the mean over all steps, the
 prefill included, of the tokens accepted per target forward pass (bonus token included).
+
+A configuration any of whose runs summary.json flags as timed on a busy machine (timing.trustworthy false)
+keeps its numbers, marked: the Markdown and LaTeX tables get a "timing" column and a footnote line per such
+configuration naming its flagged runs and their warnings; the CSV always has "timing" and "timing_warnings".
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.runs import TIMING_OK, TIMING_UNCHECKED, TIMING_UNTRUSTED, timing_flag, timing_warnings_text
 from specbench import metrics
 from specbench.data import TASKS
 
 STATS = ("speedup", "mat")
 RUNS = ("runs", "", "")  # the column counting the runs of a configuration
 EXACTNESS = ("questions", "identical", "near_ties", "violations")  # overall counts, summed over runs
+TIMING = ("timing", "", "")  # whether the runs' timings can be trusted (``timing_cell``)
+TIMING_WARNINGS = ("timing_warnings", "", "")  # the flagged runs and their warnings, for the footnote
 
 
 def _known(value):
@@ -62,7 +69,8 @@ def _total(values: pd.Series) -> float:
 
 def leaderboard(questions: pd.DataFrame) -> pd.DataFrame:
     """Rows (model, label); columns (task, stat, mean|std) over the runs of each configuration, then the overall
-    counts (questions, identical, near_ties, violations), summed over those runs, and the number of runs."""
+    counts (questions, identical, near_ties, violations), summed over those runs, the number of runs, and
+    timing (``timing_cell``) with timing_warnings (the flagged runs and their warnings)."""
     stats = run_task_stats(questions)
     order = [task for task in (*TASKS, "overall") if task in set(stats.task)]
     grouped = stats.groupby(["model", "label", "task"])[list(STATS)].agg(["mean", "std"])
@@ -74,7 +82,56 @@ def leaderboard(questions: pd.DataFrame) -> pd.DataFrame:
     for count in EXACTNESS:
         table[(count, "", "")] = overall[count].agg(_total)
     table[RUNS] = overall.size()
+    cells, warnings = {}, {}
+    for key, runs in _runs_of(questions).groupby(["model", "label"]):
+        cells[key] = timing_cell(runs.trustworthy)
+        flagged = runs[[timing_flag(flag) == TIMING_UNTRUSTED for flag in runs.trustworthy]]
+        warnings[key] = " | ".join(f"{row.run_dir}: {timing_warnings_text(row.timing_warnings)}"
+                                   for row in flagged.itertuples())
+    table[TIMING] = [cells[key] for key in table.index]
+    table[TIMING_WARNINGS] = [warnings[key] for key in table.index]
     return table
+
+
+def _runs_of(questions: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of ``questions``: run_dir, model, label, trustworthy, timing_warnings (None and "" for
+    frames built without them)."""
+    runs = questions.drop_duplicates("run_dir")
+    return pd.DataFrame({"run_dir": runs.run_dir, "model": runs.model, "label": runs.label,
+                         "trustworthy": runs.trustworthy if "trustworthy" in runs else None,
+                         "timing_warnings": runs.timing_warnings if "timing_warnings" in runs else ""})
+
+
+def timing_cell(flags) -> str:
+    """The timing of a configuration's runs: "UNTRUSTED" when any was timed on a busy machine ("UNTRUSTED (1/3
+    runs)" when not all), "ok" when every one was checked and passed, else "unchecked" (runs that did not
+    record the check: schema 2, Spec-Bench's own files)."""
+    shown = [timing_flag(flag) for flag in flags]
+    untrusted = shown.count(TIMING_UNTRUSTED)
+    if untrusted:
+        return TIMING_UNTRUSTED if untrusted == len(shown) else f"{TIMING_UNTRUSTED} ({untrusted}/{len(shown)} runs)"
+    return TIMING_OK if shown and all(flag == TIMING_OK for flag in shown) else TIMING_UNCHECKED
+
+
+def _flagged(table: pd.DataFrame) -> pd.Series:
+    """Which rows of a leaderboard hold a run with untrustworthy timings."""
+    if TIMING not in table.columns:
+        return pd.Series(False, index=table.index)
+    return table[TIMING].astype(str).str.startswith(TIMING_UNTRUSTED)
+
+
+def timing_footnotes(table: pd.DataFrame) -> list[str]:
+    """One line per configuration of a leaderboard with runs timed on a busy machine, naming those runs and their
+    warnings; empty when there are none."""
+    flagged = table[_flagged(table)]
+    if flagged.empty:
+        return []
+    lines = [f"{TIMING_UNTRUSTED} timing: runs whose summary.json flags their timings (a busy machine: other "
+             "processes on the cores, or AR passes far slower than the run's median); numbers shown as measured, "
+             "not comparable with the others:"]
+    for (model, label), warnings in flagged[TIMING_WARNINGS].items():
+        lines.append(f"{model} {label}: {warnings}")
+    return lines
 
 
 def _cell(mean, std, stat: str) -> str:
@@ -97,9 +154,12 @@ def exactness_cell(questions, identical, near_ties, violations) -> str:
 
 def formatted(table: pd.DataFrame) -> pd.DataFrame:
     """The leaderboard as strings, one column per (task, stat): "1.93x ± 0.04", then "identical": the overall
-    counts as ``exactness_cell`` writes them, and "runs"."""
+    counts as ``exactness_cell`` writes them, and "runs". When any configuration's timings are flagged as
+    untrustworthy, a "timing" column follows the label (``timing_cell``), so the flag sits beside the name."""
     tasks = list(dict.fromkeys(task for task, stat, _ in table.columns if stat in STATS))
     out = pd.DataFrame(index=table.index)
+    if _flagged(table).any():
+        out["timing"] = table[TIMING]
     for task in tasks:
         for stat in STATS:
             label = f"{task} {'speedup' if stat == 'speedup' else 'MAT'}"
@@ -117,13 +177,23 @@ def render(table: pd.DataFrame, fmt: str) -> str:
                         for column in flat.columns]
         return flat.reset_index().to_csv(index=False)
     shown = formatted(table)
+    notes = timing_footnotes(table)
     if fmt == "md":
         header = "| " + " | ".join(shown.columns) + " |"
         rule = "|" + "|".join("---" for _ in shown.columns) + "|"
         body = ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
-        return "\n".join([header, rule, *body]) + "\n"
+        footnote = ["", *(f"- {line}" if index else f"**{line}**" for index, line in enumerate(notes))] if notes else []
+        return "\n".join([header, rule, *body, *footnote]) + "\n"
     if fmt == "latex":
         escaped = shown.map(lambda v: str(v).replace("±", r"$\pm$").replace("_", r"\_"))
         escaped.columns = [c.replace("_", r"\_") for c in shown.columns]
-        return escaped.to_latex(index=False, escape=False)
+        footnote = "".join(f"\\par\\noindent {_latex_text(line)}\n" for line in notes)
+        return escaped.to_latex(index=False, escape=False) + footnote
     raise ValueError(f"unknown format {fmt!r}: md, latex or csv")
+
+
+def _latex_text(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped (run paths and warnings hold _ and %)."""
+    special = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+    return "".join(special.get(character, character) for character in text)

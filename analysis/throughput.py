@@ -16,7 +16,8 @@ outside the run, looked up without fitting a line (the hardware need not be line
 
 * calibration: the run's ``verify_latency.json``, timed at its start on the first question's prompt;
 * leave-one-out: the mean ``verify_s`` per ``verify_tokens`` over the decoding steps of the *other* runs of
-  the same model, device, dtype and threads (none when there is no other run), plus a context term: attention
+  the same model, device, dtype and threads (none when there is no other run; see ``same_latency`` for the
+  other settings that must match), plus a context term: attention
   costs time in proportion to the context a pass attends to, so a step at context c is predicted as
   table(q) + slope * (c - mean context of the other runs' steps at q), with the slope fitted on the other
   runs' steps within each token count (measured on a 2-core CPU: about 26 us per context token for the
@@ -28,37 +29,83 @@ overhead is worth. ``requirements`` asks what a run would need to match the fast
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from analysis.runs import flat_settings, read_run_json, read_summary, timing_flag
 from specbench.decoding.budget import interpolate_latency
+from specbench.errors import SpecbenchError
 from specbench.metrics import accepted_per_decoding_step
+from specbench.records import read_json_file
+
+log = logging.getLogger(__name__)
 
 WAYS = {"calibration": "calib", "leave-one-out": "loo"}  # way of predicting T_target -> column prefix
 HARDWARE_KEYS = ("device", "dtype", "threads")  # with the model: which runs share a latency table
-TABLE_COLUMNS = ["model", "label", "run_dir", *HARDWARE_KEYS, "steps", "tokens_per_step", "draft_ms",
+# The other flattened settings (``analysis.runs.flat_settings``) that change how long a target pass takes, and
+# so must also match for runs to share a latency table: the weights and model shape, the machine, the kernels
+# (linear backend, torch and transformers versions), and what a verify pass computes besides the forward pass
+# (the top-k kept on the host, sampling instead of argmax). The drafter and the question set do not: the
+# table is per verified-token count, and the context term covers the contexts.
+LATENCY_KEYS = ("model_source", "weights_fingerprint", "environment.device_name", "environment.torch",
+                "environment.transformers", "run.linear_backend", "run.target_top_k", "run.mismatch_top_k",
+                "run.temperature", "run.top_p")
+LATENCY_PREFIXES = ("model_config.",)
+TABLE_COLUMNS = ["model", "label", "timing", "run_dir", *HARDWARE_KEYS, "steps", "tokens_per_step", "draft_ms",
                  "verify_ms", "overhead_ms", "measured_tps",
                  "calib_target_ms", "calib_tps", "calib_dev",
                  "loo_target_ms", "loo_tps", "loo_dev", "loo_runs", "loo_outside", "loo_context_us",
-                 "reference", "reference_target_ms", "dsd_form_tps"]
-SHOWN_COLUMNS = ["model", "label", "tokens_per_step", "draft_ms", "verify_ms", "calib_target_ms", "loo_target_ms",
-                 "overhead_ms", "measured_tps", "calib_tps", "loo_tps", "calib_dev", "loo_dev", "dsd_form_tps",
-                 "loo_outside"]  # what the command line and the report print
+                 "reference", "reference_target_ms", "dsd_form_tps", "trustworthy", "timing_warnings"]
+# timing: "UNTRUSTED" for a run timed on a busy machine (summary.json's timing), "ok", or "unchecked"
+SHOWN_COLUMNS = ["model", "label", "timing", "tokens_per_step", "draft_ms", "verify_ms", "calib_target_ms",
+                 "loo_target_ms", "overhead_ms", "measured_tps", "calib_tps", "loo_tps", "calib_dev", "loo_dev",
+                 "dsd_form_tps", "loo_outside"]  # what the command line and the report print
 
 
 def read_run_facts(run_dir) -> dict:
     """What a prediction needs from a run directory besides its steps: device, dtype and threads from
-    ``run.json`` (None when absent) and the calibration table from ``verify_latency.json`` (verified tokens
-    -> seconds; empty when the run did not calibrate)."""
+    ``run.json`` (None when absent), the other settings that change a target pass's latency (``LATENCY_KEYS``,
+    flattened, as far as recorded) and the calibration table from ``verify_latency.json`` (verified tokens ->
+    seconds; empty when the run did not calibrate, or with a warning when that file is damaged)."""
     path = Path(run_dir)
-    settings = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
-    latency_file = path / "verify_latency.json"
-    measured = json.loads(latency_file.read_text())["latency_s"] if latency_file.is_file() else {}
+    settings = read_run_json(path)
+    environment = None
+    if (path / "summary.json").is_file():  # schema 2 recorded the software and the device's name there
+        environment = read_summary(path).get("environment")
+    flat = flat_settings(settings, environment if isinstance(environment, dict) else None)
     return {**{key: settings.get(key) for key in HARDWARE_KEYS},
-            "calibration": {int(count): float(seconds) for count, seconds in measured.items()}}
+            "latency_settings": {key: value for key, value in flat.items()
+                                 if key in LATENCY_KEYS or key.startswith(LATENCY_PREFIXES)},
+            "calibration": read_calibration(path / "verify_latency.json")}
+
+
+def read_calibration(latency_file: Path) -> dict[int, float]:
+    """verify_latency.json's table (verified tokens -> seconds); empty when there is none, and, with a warning
+    naming the file, when it is damaged: the run is then predicted by the leave-one-out table only."""
+    if not latency_file.is_file():
+        return {}
+    try:
+        measured = read_json_file(latency_file, "run's verify-latency calibration")["latency_s"]
+        return {int(count): float(seconds) for count, seconds in measured.items()}
+    except SpecbenchError as error:
+        log.warning("%s: the run's calibration is left out", error)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        log.warning("%s has no table of token counts and seconds under latency_s: the run's calibration is left out",
+                    latency_file)
+    return {}
+
+
+def same_latency(facts: dict, other: dict) -> bool:
+    """Whether two runs' target passes can share a latency table (``read_run_facts``' dicts): device, dtype and
+    threads known and equal, and every other ``LATENCY_KEYS`` setting that both runs record equal. A run whose
+    hardware is unknown (no run.json) shares with none: equal unknowns prove nothing."""
+    if any(facts.get(key) is None or facts.get(key) != other.get(key) for key in HARDWARE_KEYS):
+        return False
+    mine, theirs = facts.get("latency_settings") or {}, other.get("latency_settings") or {}
+    return all(mine[key] == theirs[key] for key in set(mine) & set(theirs))
 
 
 def latency_lookup(table: dict[int, float], counts) -> np.ndarray:
@@ -167,25 +214,30 @@ def model_table(steps: pd.DataFrame, facts: dict[str, dict] | None = None) -> pd
     overhead ms per step as measured, T_target ms per step as predicted each way, measured tokens/s and the
     tokens/s predicted each way with its deviation (predicted / measured - 1), and the DSD form with the
     reference T_target (leave-one-out, else calibration). loo_runs counts the runs that made a run's
-    leave-one-out table; loo_outside is the share of its steps whose token count that table lacks.
+    leave-one-out table (the other runs of its model that ``same_latency`` allows); loo_outside is the share
+    of its steps whose token count that table lacks. timing flags a run timed on a busy machine
+    ("UNTRUSTED"; its summary's warnings in timing_warnings): its numbers are kept, marked.
 
     ``facts`` maps run_dir to ``read_run_facts``' dict; by default it is read from each run directory."""
     if facts is None:
         facts = {run_dir: read_run_facts(run_dir) for run_dir in steps.run_dir.unique()}
     decode = steps[steps.step > 0]
     models = decode.groupby("run_dir").model.first()
-    hardware = {run_dir: (model, *(facts[run_dir][key] for key in HARDWARE_KEYS)) for run_dir, model in models.items()}
     sums = latency_sums(decode)
     rows = []
     for (run_dir, model, label), run in decode.groupby(["run_dir", "model", "label"], sort=False):
-        peers = [other for other in hardware if other != run_dir and hardware[other] == hardware[run_dir]]
+        peers = [other for other in models.index if other != run_dir and models[other] == model
+                 and same_latency(facts[run_dir], facts[other])]
         others = pooled_latency_table(sums, peers)
         mean_context, slope = context_model(decode, peers)
-        rows.append({"model": model, "label": label, "run_dir": run_dir,
+        trustworthy = run.trustworthy.iloc[0] if "trustworthy" in run else None
+        rows.append({"model": model, "label": label, "timing": timing_flag(trustworthy), "run_dir": run_dir,
                      **{key: facts[run_dir][key] for key in HARDWARE_KEYS}, "loo_runs": len(peers),
                      "loo_context_us": 1e6 * slope,
                      **run_prediction(run, facts[run_dir]["calibration"], others,
-                                      context_term(run, mean_context, slope))})
+                                      context_term(run, mean_context, slope)),
+                     "trustworthy": trustworthy,
+                     "timing_warnings": run.timing_warnings.iloc[0] if "timing_warnings" in run else ""})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 

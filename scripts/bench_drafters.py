@@ -98,7 +98,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     methods = [name for drafter in args.drafters for name in ([drafter, drafter + "+budget"] if args.budget else [drafter])]
-    rows = []
+    rows, flagged = [], {}
     for name in methods:
         overrides = [*method_overrides(name, args.corpus, args.model_db_prompts, args.model_db_max_prompts),
                      f"run.max_new_tokens={args.max_new_tokens}", *args.overrides]
@@ -112,6 +112,9 @@ def main() -> None:
             print(f"bench_drafters: error: {error}", file=sys.stderr)
             sys.exit(2)
         summary = json.loads((run_dir / "summary.json").read_text())
+        timing = summary.get("timing") or {}
+        if not timing.get("trustworthy", True):
+            flagged[name] = timing.get("warnings", [])
         per_step = per_step_means(run_dir)
         for task, stats in summary["tasks"].items():
             # Summaries written before acceptance_rate, near_ties and violations existed lack them: shown as "-".
@@ -134,7 +137,12 @@ def main() -> None:
                 speedups = pivot.loc[task].astype(float)
                 if speedups.notna().any():
                     shown.loc[task, speedups.idxmax()] += " *"
+        if measure == "speedup":
+            shown.columns = [f"{name} (!)" if name in flagged else name for name in shown.columns]
         print(f"\n{title}\n{shown.to_string()}")
+    for name, warnings in flagged.items():
+        print(f"(!) {name}: timings untrustworthy, taken on a busy machine: {'; '.join(warnings[:3])}"
+              + (" ..." if len(warnings) > 3 else ""))
     sources = pd.DataFrame({name: accepted_by_source(Path(args.out) / name) for name in methods}).T.fillna(0)
     labelled = [column for column in sources if column not in ("none", "no-match")]
     if labelled:

@@ -7,7 +7,8 @@
 The corpus is tokenized with the target model's tokenizer (the model's weights are not needed beyond
 loading it) and saved with a manifest naming the corpus, its size and the tokenizer. Use it with
 drafter.datastore=DIR (REST) or drafter.statistics_db=DIR (HD). Without --out, it goes where
-``datastore=auto`` looks for it, in the specbench cache.
+``datastore=auto`` looks for it, in the specbench cache (keyed by the corpus files' content; a damaged one
+there is rebuilt). --out replaces a datastore already in DIR.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hydra.utils import instantiate
 from specbench.config import compose
 from specbench.datastores.build import build_datastore, statistics_datastore
 from specbench.datastores.corpus import DEFAULT_CORPUS
+from specbench.datastores.storage import require_writable
 from specbench.errors import SpecbenchError
 from specbench.models import cache_root
 
@@ -36,6 +38,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if args.out:
+            require_writable(Path(args.out), "choose a writable --out")
         target = instantiate(compose([f"model={args.model}", *args.overrides]).model, device="cpu", linear_backend="aten")
         if args.out:
             build_datastore(target, args.corpus, Path(args.out), cache_root(None))

@@ -7,8 +7,9 @@ greedy answers to a prompt set that is disjoint from the evaluation questions.
 
 Prompts sharing a word 8-gram with the evaluation questions (task.path, or the built-in sample) are left out.
 
-Without --out, the database goes where ``drafter.model_db=auto`` looks for it (for the same settings).
-Use a directory elsewhere with drafter.model_db=DIR.
+Without --out, the database goes where ``drafter.model_db=auto`` looks for it (for the same settings, prompt
+and question files by content; a damaged one there is rebuilt). Use a directory elsewhere with
+drafter.model_db=DIR; --out replaces a database already in DIR.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hydra.utils import instantiate
 
 from specbench.config import compose
 from specbench.datastores.build import build_model_db, model_db
+from specbench.datastores.storage import require_writable
 from specbench.errors import SpecbenchError
 
 
@@ -41,6 +43,8 @@ def main() -> None:
         settings = dict(hd.model_db_build)
         if args.prompts:
             settings["prompts"] = args.prompts
+        if args.out:
+            require_writable(Path(args.out), "choose a writable --out")
         target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
         if args.out:
             build_model_db(target, Path(args.out), settings, 1, hd.draft_length, hd.cache_dir)

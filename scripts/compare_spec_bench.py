@@ -13,6 +13,9 @@ counts the baseline's tokens by re-tokenising its answer text (tokens minus one,
 method's recorded new_tokens; specbench counts the generated token ids (new_tokens) on both sides. The second
 table shows the baseline's token counts both ways, and the speedup that ``specbench.metrics`` gives when fed
 the re-tokenised counts, which is speed.py's.
+
+A half-written last answer line (a run killed mid-write) is left out, for speed.py too (it is given copies
+without it); a damaged or foreign result file stops the script with one line naming it.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import argparse
 import importlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.runs import read_jsonl, record_task
+from analysis.runs import BASELINE_NEEDS, METHOD_NEEDS, check_answer_records, read_jsonl, read_summary, record_task
 from specbench import metrics
+from specbench.errors import SpecbenchError
 
 
 def retokenised_turn_tokens(tokenizer, record: dict) -> list[int]:
@@ -43,16 +48,44 @@ def load_speed_module(checkout: Path):
     return importlib.import_module("speed")
 
 
-def compare(run_dir: Path, speed_module, tokenizer_dir: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per task and overall: speed.py's statistics beside specbench's summary, and the baseline's token counts."""
-    from transformers import AutoTokenizer
-
+def read_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
+    """The summary, answers and baseline answers of ``run_dir``, checked: a SpecbenchError naming the file when
+    one is missing, damaged or of a schema this code does not read, or when an answer has no paired baseline."""
     answers_file, baseline_file = run_dir / "answers.jsonl", run_dir / "baseline_answers.jsonl"
     for path in (answers_file, baseline_file, run_dir / "summary.json"):
         if not path.is_file():
-            sys.exit(f"compare_spec_bench: error: {path} not found (a run with run.baseline=true is needed)")
-    summary = json.loads((run_dir / "summary.json").read_text())
+            raise SpecbenchError(f"{path} not found (a run with run.baseline=true is needed)")
+    summary = read_summary(run_dir)
     answers, baseline = read_jsonl(answers_file), read_jsonl(baseline_file)
+    check_answer_records(answers, answers_file, METHOD_NEEDS)
+    check_answer_records(baseline, baseline_file, BASELINE_NEEDS)
+    unpaired = {record["question_id"] for record in answers} - {record["question_id"] for record in baseline}
+    if unpaired:
+        missing = ", ".join(sorted(map(str, unpaired)))
+        raise SpecbenchError(f"{baseline_file} lacks the baseline of question(s) {missing}")
+    return summary, answers, baseline
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
+def compare(run_dir: Path, speed_module, tokenizer_dir: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per task and overall: speed.py's statistics beside specbench's summary, and the baseline's token counts."""
+    summary, answers, baseline = read_run(run_dir)
+    # speed.py parses every line itself and would stop at a half-written last one: it reads copies holding the
+    # complete records, the same ones specbench's side counts.
+    with tempfile.TemporaryDirectory() as scratch:
+        answers_file = write_jsonl(Path(scratch) / "answers.jsonl", answers)
+        baseline_file = write_jsonl(Path(scratch) / "baseline_answers.jsonl", baseline)
+        return _compare(summary, answers, baseline, answers_file, baseline_file, speed_module, tokenizer_dir)
+
+
+def _compare(summary: dict, answers: list[dict], baseline: list[dict], answers_file: Path, baseline_file: Path,
+             speed_module, tokenizer_dir: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from transformers import AutoTokenizer
+
     baseline_by_id = {record["question_id"]: record for record in baseline}
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
 
@@ -97,7 +130,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     speed_module = load_speed_module(args.spec_bench)
-    statistics, tokens = compare(args.run_dir, speed_module, args.tokenizer)
+    try:
+        statistics, tokens = compare(args.run_dir, speed_module, args.tokenizer)
+    except SpecbenchError as error:
+        sys.exit(f"compare_spec_bench: error: {error}")
     pd.set_option("display.width", 250)
     print(statistics.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
     print()

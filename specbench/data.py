@@ -16,6 +16,8 @@ TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "ra
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 HUB_PREFIX = "hf:"
 SAMPLE_QUESTIONS = Path(__file__).parent / "data" / "sample_questions.jsonl"
+QUESTION_FORMAT = ('a question file is UTF-8 JSON lines, one object per line: '
+                   '{"question_id": 1, "category": "qa", "turns": ["..."]}')
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,8 @@ def task_of(category: str) -> str | None:
 
 
 def parse_questions(lines, source: str) -> list[Prompt]:
-    """Questions from JSON lines; ``source`` names the file in error messages."""
+    """Questions from JSON lines; ``source`` names the file in error messages, each of which ends by saying what
+    a question file must look like."""
     prompts, seen = [], set()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -45,29 +48,31 @@ def parse_questions(lines, source: str) -> list[Prompt]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise SpecbenchError(f"{where}: not valid JSON ({error.msg})") from None
+            raise SpecbenchError(f"{where}: not valid JSON ({error.msg}); {QUESTION_FORMAT}") from None
         if not isinstance(record, dict):
-            raise SpecbenchError(f"{where}: expected a JSON object with question_id, category and turns")
+            raise SpecbenchError(f"{where}: a JSON {type(record).__name__}, not an object; {QUESTION_FORMAT}")
         missing = [key for key in ("question_id", "category", "turns") if key not in record]
         if missing:
-            raise SpecbenchError(f"{where}: missing {', '.join(missing)}")
+            raise SpecbenchError(f"{where}: missing {', '.join(missing)}; {QUESTION_FORMAT}")
+        question_id = record["question_id"]
+        if not isinstance(question_id, (int, str)) or isinstance(question_id, bool):
+            raise SpecbenchError(f"{where}: question_id must be an integer or a string, got {question_id!r}")
         turns = record["turns"]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise SpecbenchError(f"{where}: turns must be a non-empty list of strings")
         category = record["category"]
-        task = task_of(category)
+        task = task_of(category) if isinstance(category, str) else None
         if task is None:
             raise SpecbenchError(
                 f"{where}: category {category!r} belongs to no task; expected one of "
                 f"{', '.join(TASKS[1:])} or an MT-bench category ({', '.join(MT_BENCH_CATEGORIES)})"
             )
-        question_id = record["question_id"]
         if question_id in seen:
             raise SpecbenchError(f"{where}: question_id {question_id!r} appears twice")
         seen.add(question_id)
         prompts.append(Prompt(question_id, category, task, tuple(turns)))
     if not prompts:
-        raise SpecbenchError(f"{source}: holds no questions")
+        raise SpecbenchError(f"{source}: holds no questions; {QUESTION_FORMAT}")
     return prompts
 
 
@@ -82,8 +87,43 @@ def read_questions(path: str | None) -> list[Prompt]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise SpecbenchError(f"task.path={path}: no such file")
-    with file.open(encoding="utf-8") as handle:
-        return parse_questions(handle, str(file))
+    return parse_questions(_text_lines(file), str(file))
+
+
+def _text_lines(file: Path) -> list[str]:
+    """The lines of a question file, or a one-line error when it is binary, not UTF-8, or one JSON document
+    (a list or a pretty-printed object) rather than JSON lines."""
+    with file.open("rb") as handle:
+        if b"\0" in handle.read(8192):
+            raise SpecbenchError(f"{file}: holds NUL bytes, so it is a binary file (or UTF-16 text), not a question "
+                                 f"file; {QUESTION_FORMAT}")
+    lines = []
+    for number, raw in enumerate(file.read_bytes().splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
+        except UnicodeDecodeError as error:
+            raise SpecbenchError(f"{file}, line {number}: not UTF-8 text (byte 0x{raw[error.start]:02x} at column "
+                                 f"{error.start + 1}); {QUESTION_FORMAT}") from None
+    _refuse_one_document(lines, file)
+    return lines
+
+
+def _refuse_one_document(lines: list[str], file: Path) -> None:
+    """A JSON document spread over several lines parses as a whole but not line by line: name the mistake."""
+    if sum(1 for line in lines if line.strip()) < 2:
+        return
+    first = next(line for line in lines if line.strip())
+    try:
+        json.loads(first)
+        return
+    except json.JSONDecodeError:
+        pass
+    try:
+        document = json.loads("\n".join(lines))
+    except json.JSONDecodeError:
+        return
+    raise SpecbenchError(f"{file}: one JSON {type(document).__name__} over several lines, not JSON lines; "
+                         f"{QUESTION_FORMAT}")
 
 
 def _download_hub_questions(spec: str) -> str:

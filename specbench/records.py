@@ -7,6 +7,10 @@
     summary.json             per-task and overall speedup, acceptance, throughput, exactness (SCHEMA_VERSION)
     drafter_state.npz        what the drafter carries across questions (Token Recycling's matrix) after the
                              questions listed in it, for drafters that carry any: a resumed run continues from it
+    skipped.jsonl            questions that cannot be run here (a prompt longer than the model's context), and why
+    verify_latency.json      the start-up verify-latency calibration (with run.verify_padding or run.draft_budget)
+    specbench.log            the run's log; .hydra/ the composed config and overrides (CLI runs)
+    .specbench.lock          held by the process running here (pid, host, start); a second run is refused
 
 Both answer files can be fed to Spec-Bench's own ``evaluation/speed.py`` as --file-path / --base-path.
 """
@@ -14,6 +18,7 @@ Both answer files can be fed to Spec-Bench's own ``evaluation/speed.py`` as --fi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -27,6 +32,8 @@ from specbench import metrics
 from specbench.data import TASKS, Prompt
 from specbench.errors import SpecbenchError
 from specbench.mismatch import Mismatch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,10 @@ class StepRecord:
     candidate_tokens: int = 0
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Schemas the readers (analysis, resuming) understand: 3 adds run.json's full settings, the weights fingerprint,
+# summary.json's "timing" and "skipped"; steps.parquet is unchanged from 2.
+SUPPORTED_SCHEMAS = (2, 3)
 STEP_COLUMNS = ["question_id", "turn", *StepRecord.__dataclass_fields__]
 SUMMARY_KEYS = ("questions", "identical_to_baseline", "near_ties", "violations", "speedup", "mean_accepted_tokens",
                 "acceptance_rate", "tokens_per_s", "baseline_tokens_per_s")
@@ -122,7 +132,8 @@ class Answer:
         ]
 
 
-def _write_atomically(path: Path, write) -> None:
+def write_atomically(path: Path, write) -> None:
+    """``write(staging)`` then rename over ``path``: a reader sees the old file or the new one, never half of one."""
     staging = path.with_name(path.name + ".partial")
     write(staging)
     os.replace(staging, path)
@@ -133,20 +144,81 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
         np.savez(handle, **arrays)
 
 
-def _read_answer_lines(path: Path) -> list[dict]:
-    """Answer records of a file; a final line cut short by an interruption is dropped."""
+# Settings recorded for the record only: a resumed run may differ in them (a new commit of specbench).
+NOT_COMPARED = ("git_sha",)
+
+
+def settings_differences(earlier: dict, now: dict, keys=None) -> list[str]:
+    """``key: earlier -> now`` for each setting (nested ones dotted) that differs, over ``keys`` (default: all)."""
+    def flat(node, prefix=""):
+        if isinstance(node, dict):
+            out = {}
+            for name, value in node.items():
+                out.update(flat(value, f"{prefix}{name}."))
+            return out
+        return {prefix[:-1]: node}
+
+    keys = sorted(set(earlier) | set(now)) if keys is None else keys
+    before = flat({key: earlier.get(key) for key in keys})
+    after = flat({key: now.get(key) for key in keys})
+    return [f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key) and key.rsplit(".", 1)[-1] not in NOT_COMPARED]
+
+
+def read_jsonl_records(path: str | Path, what: str = "record") -> list[dict]:
+    """The JSON records of a .jsonl file, one per line, read as bytes so that a cut inside a multi-byte UTF-8
+    character cannot break the read: a last line without its newline (a write interrupted by a kill) is
+    dropped with a warning naming the file; a damaged line before it is an error naming file and line."""
+    path = Path(path)
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SpecbenchError(f"{path}: cannot be read ({error.strerror or error})") from None
+    lines = data.split(b"\n")
+    if lines[-1].strip():
+        log.warning("%s: the last line is incomplete (%d bytes, a write cut short); ignoring it", path, len(lines[-1]))
     records = []
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines[:-1], start=1):
+        if not line.strip():
+            continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break
-            raise SpecbenchError(f"{path}, line {number}: not valid JSON; the run directory is damaged") from None
+            records.append(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise SpecbenchError(f"{path}, line {number}: not a valid JSON {what}; the file is damaged") from None
     return records
+
+
+def read_json_file(path: str | Path, what: str) -> dict:
+    """A JSON object file (run.json, summary.json), with a one-line error naming the file when it is empty,
+    cut short or not an object."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as error:
+        raise SpecbenchError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SpecbenchError(f"{path} is empty or damaged (not valid JSON); it is the {what}") from None
+    if not isinstance(value, dict):
+        raise SpecbenchError(f"{path} is damaged (not a JSON object); it is the {what}")
+    return value
+
+
+def _read_steps(path: Path) -> pd.DataFrame:
+    """steps.parquet, or an empty table when there is none. It is replaced atomically, so a damaged one was
+    damaged from outside: say so rather than guess which questions it held."""
+    if not path.is_file():
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    try:
+        return pd.read_parquet(path)
+    except Exception as error:  # pyarrow raises several kinds for a damaged file
+        raise SpecbenchError(f"{path} is damaged ({type(error).__name__}); remove it to re-run the questions it "
+                             "held (their answers are then re-run too)") from None
+
+
+def _read_answer_lines(path: Path) -> list[dict]:
+    return read_jsonl_records(path, "answer record")
 
 
 def read_answers(run_dir: str | Path) -> list[dict]:
@@ -166,41 +238,58 @@ class RunDirectory:
         self.summary_file = self.path / "summary.json"
         self.settings_file = self.path / "run.json"
         self.drafter_state_file = self.path / "drafter_state.npz"
+        self.skipped_file = self.path / "skipped.jsonl"
         self.answers: list[dict] = []
+        self.skipped: list[dict] = []
         self.baseline_answers: list[dict] = []
         self._step_frames: list[pd.DataFrame] = []
 
     def open(self, settings: dict) -> set:
-        """Check ``settings`` against an earlier run here, load what it finished and return the ids of the
-        finished questions. A question counts as finished only when all of its files were written."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        if self.settings_file.is_file():
-            earlier = json.loads(self.settings_file.read_text())
-            changed = [key for key in sorted(set(earlier) | set(settings)) if earlier.get(key) != settings.get(key)]
-            if changed:
-                details = "; ".join(f"{key}: {earlier.get(key)!r} -> {settings.get(key)!r}" for key in changed)
-                raise SpecbenchError(
-                    f"{self.path} holds results of a run with other settings ({details}); "
-                    "choose another hydra.run.dir or remove that directory"
-                )
-        else:
-            self.settings_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
-        answers, baseline, steps, finished = self._read()
-        self.answers = [r for r in answers if r["question_id"] in finished]
-        self.baseline_answers = [r for r in baseline if r["question_id"] in finished]
-        kept_steps = steps[steps["question_id"].isin(list(finished))]
-        self._step_frames = [kept_steps] if len(kept_steps) else []
-        # Rewrite the files without any half-finished question, so appends continue from a clean state.
-        self._rewrite_jsonl(self.answers_file, self.answers)
-        if self.with_baseline:
-            self._rewrite_jsonl(self.baseline_file, self.baseline_answers)
-        self._write_steps()
+        """Start or continue the run here with ``settings`` (already checked against an earlier run.json by the
+        runner), load what an earlier session finished and return the ids of the finished questions. A question
+        counts as finished only when all of its files were written."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if self.settings_file.is_file():  # the runner checked before loading; this guards every other caller
+                earlier = read_json_file(self.settings_file, "settings file of the run in this directory")
+                changed = settings_differences(earlier, settings)
+                if changed:
+                    raise SpecbenchError(f"{self.path} holds results of a run with other settings "
+                                         f"({'; '.join(changed)}); choose another hydra.run.dir or remove that directory")
+            else:
+                text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
+                write_atomically(self.settings_file, lambda p: p.write_text(text))
+            answers, baseline, steps, finished = self._read()
+            self.answers = [r for r in answers if r["question_id"] in finished]
+            self.baseline_answers = [r for r in baseline if r["question_id"] in finished]
+            self.skipped = read_jsonl_records(self.skipped_file, "skipped-question record")
+            kept_steps = steps[steps["question_id"].isin(list(finished))]
+            self._step_frames = [kept_steps] if len(kept_steps) else []
+            # Rewrite the files without any half-finished question, so appends continue from a clean state.
+            self._rewrite_jsonl(self.answers_file, self.answers)
+            if self.with_baseline:
+                self._rewrite_jsonl(self.baseline_file, self.baseline_answers)
+            self._rewrite_jsonl(self.skipped_file, self.skipped)
+            self._write_steps()
+        except PermissionError as error:
+            raise SpecbenchError(f"cannot write to the run directory {self.path} ({error.strerror}: "
+                                 f"{error.filename}); choose a writable hydra.run.dir") from None
         return finished
+
+    def skip(self, prompt: Prompt, reason: str) -> None:
+        """Record that ``prompt`` cannot be run here and why (the summary lists it; a resumed run passes it by)."""
+        record = {"question_id": prompt.question_id, "task": prompt.task, "reason": reason}
+        self._append_jsonl(self.skipped_file, record)
+        self.skipped.append(record)
+
+    def skipped_ids(self) -> set:
+        """Ids of the questions recorded as skipped, read without changing anything."""
+        return {record["question_id"] for record in read_jsonl_records(self.skipped_file, "skipped-question record")}
 
     def _read(self):
         answers = _read_answer_lines(self.answers_file)
         baseline = _read_answer_lines(self.baseline_file)
-        steps = pd.read_parquet(self.steps_file) if self.steps_file.is_file() else pd.DataFrame(columns=STEP_COLUMNS)
+        steps = _read_steps(self.steps_file)
         finished = {record["question_id"] for record in answers} & set(steps["question_id"].tolist())
         if self.with_baseline:
             finished &= {record["question_id"] for record in baseline}
@@ -223,7 +312,7 @@ class RunDirectory:
     def save_drafter_state(self, state: dict[str, np.ndarray]) -> None:
         """Keep a drafter's cross-question state, with the questions finished so far (written after them)."""
         finished = np.array([str(record["question_id"]) for record in self.answers])
-        _write_atomically(self.drafter_state_file, lambda p: _save_npz(p, {**state, "_questions": finished}))
+        write_atomically(self.drafter_state_file, lambda p: _save_npz(p, {**state, "_questions": finished}))
 
     def drafter_state(self) -> tuple[dict[str, np.ndarray], set[str]] | None:
         """The saved drafter state and the ids (as strings) of the questions it has seen; None if none."""
@@ -242,10 +331,15 @@ class RunDirectory:
         frames = [frame for frame in self._step_frames if len(frame)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=STEP_COLUMNS)
 
-    def write_summary(self, header: dict) -> dict:
-        summary = {"schema_version": SCHEMA_VERSION, **header,
-                   "tasks": summarize(self.answers, self.baseline_answers if self.with_baseline else None)}
-        _write_atomically(self.summary_file, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
+    def write_summary(self, header: dict, timing=None) -> dict:
+        """Write and return summary.json: per-task statistics, the questions skipped and why, and, given the
+        run's ``specbench.machine.TimingCheck``, whether its timings can be trusted."""
+        baseline = self.baseline_answers if self.with_baseline else None
+        summary = {"schema_version": SCHEMA_VERSION, **header, "tasks": summarize(self.answers, baseline),
+                   "skipped": self.skipped}
+        if timing is not None:
+            summary["timing"] = timing.report(self.answers, baseline)
+        write_atomically(self.summary_file, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
         return summary
 
     @staticmethod
@@ -258,11 +352,11 @@ class RunDirectory:
     @staticmethod
     def _rewrite_jsonl(path: Path, records: list[dict]) -> None:
         text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-        _write_atomically(path, lambda p: p.write_text(text, encoding="utf-8"))
+        write_atomically(path, lambda p: p.write_text(text, encoding="utf-8"))
 
     def _write_steps(self) -> None:
         frame = self.steps()
-        _write_atomically(self.steps_file, lambda p: frame.to_parquet(p, index=False))
+        write_atomically(self.steps_file, lambda p: frame.to_parquet(p, index=False))
 
 
 def summarize(answers: list[dict], baseline_answers: list[dict] | None) -> dict:
@@ -324,7 +418,24 @@ def format_summary_table(summary: dict) -> str:
     lines.insert(1, "  ".join("-" * width for width in widths))
     lines.append("exact = identical / near-tie / violation (see specbench.mismatch); accept = accepted / drafted "
                  "tokens; MAT = mean accepted tokens per target pass, bonus token included")
-    return "\n".join(lines)
+    return "\n".join(lines + summary_flags(summary))
+
+
+def summary_flags(summary: dict, shown: int = 5) -> list[str]:
+    """Lines that must not be missed under a summary table: timings taken on a busy machine (the numbers stay,
+    flagged) and questions skipped."""
+    lines = []
+    timing = summary.get("timing") or {}
+    if timing and not timing.get("trustworthy", True):
+        warnings = timing.get("warnings", [])
+        lines.append(f"TIMINGS UNTRUSTWORTHY (busy machine, {len(warnings)} warning(s)): "
+                     + "; ".join(warnings[:shown]) + (" ..." if len(warnings) > shown else ""))
+    skipped = summary.get("skipped") or []
+    if skipped:
+        lines.append(f"skipped {len(skipped)} question(s): "
+                     + "; ".join(f"{record['question_id']}: {record['reason']}" for record in skipped[:shown])
+                     + (" ..." if len(skipped) > shown else ""))
+    return lines
 
 
 def violation_report(summary: dict, answers: list[dict]) -> str | None:

@@ -27,7 +27,12 @@ from specbench.drafters.ar import NoDraft
 from specbench.errors import SpecbenchError
 from specbench.mismatch import diagnose
 from specbench.models import LoadedModel
-from specbench.records import SCHEMA_VERSION, Answer, RunDirectory
+from specbench.models.loaded import weights_fingerprint
+from specbench.config import check_group_keys
+from specbench.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
+from specbench.records import (SCHEMA_VERSION, Answer, RunDirectory, read_json_file, settings_differences,
+                               write_atomically)
+from specbench.runlock import RunLock
 from specbench.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -140,114 +145,239 @@ class LiveRate:
             self.bar.set_postfix_str(f"{self.label}: {generated} tok, {generated / elapsed:.1f} tok/s")
 
 
+# Keys of the model, drafter and task groups that change neither outputs nor timings, and why. Every other
+# resolved key of those groups and of ``run`` goes into run.json and must match for a run directory to be
+# resumed (tests/test_run_safety.py checks that every key of every config is covered, so a new key is recorded
+# unless it is listed here).
+NOT_RESULT_SETTINGS = {
+    "model.cache_dir": "where the converted copy is kept; its content is checked by checksum",
+    "drafter.cache_dir": "where databases are cached; they are keyed by content",
+    "task.name": "a label",
+    "task.tasks": "selects questions: a run directory can be extended to more tasks",
+    "task.limit_per_task": "selects questions: a run directory can be extended to more questions",
+}
+# run.json's name for each config group.
+RESULT_GROUPS = {"model": "model_config", "drafter": "drafter", "run": "run", "task": "task"}
+
+
+def question_file_digest(path: str | None) -> str | None:
+    """SHA-256 of the question file's content (the built-in sample set's when ``path`` is None; None for a hub
+    dataset, whose id and revision name it): an edited file is another benchmark."""
+    from specbench.data import SAMPLE_QUESTIONS
+    from specbench.models.cache import file_digest
+
+    if path is None:
+        return file_digest(SAMPLE_QUESTIONS)
+    local = Path(path).expanduser()
+    return file_digest(local) if local.is_file() else None
+
+
 def config_settings(cfg: DictConfig) -> dict:
-    """The settings results depend on that the configuration alone fixes (run.json holds these and the
-    loaded model's source, dtype, device and threads)."""
+    """The part of run.json that the configuration alone fixes, derived from it: every resolved key of the
+    model, drafter, run and task groups except NOT_RESULT_SETTINGS, plus the question file's content digest."""
+    settings = {"schema_version": SCHEMA_VERSION, "model": cfg.model.name}
+    for group, key in RESULT_GROUPS.items():
+        node = OmegaConf.to_container(cfg[group], resolve=True)
+        settings[key] = {name: value for name, value in node.items() if f"{group}.{name}" not in NOT_RESULT_SETTINGS}
+    settings["task"]["content_sha256"] = question_file_digest(cfg.task.path)
+    return settings
+
+
+def loaded_settings(model: LoadedModel, drafter: Drafter) -> dict:
+    """The part of run.json known once the model and the drafter are loaded: the target's source and weights
+    (and a draft model's: the drafters that run one keep it as ``drafter.draft``), how it runs, and the software
+    that runs it."""
+    env = environment(model)
+    draft = getattr(drafter, "draft", None)
     return {
-        "schema_version": SCHEMA_VERSION,
-        "model": cfg.model.name,
-        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
-        "max_new_tokens": cfg.run.max_new_tokens,
-        "temperature": float(cfg.run.temperature),
-        "top_p": float(cfg.run.top_p),
-        "seed": cfg.run.seed,
-        "baseline": cfg.run.baseline,
-        "question_file": cfg.task.path,
-        "verify_padding": cfg.run.verify_padding,
-        "draft_budget": cfg.run.draft_budget,
-        "linear_backend": cfg.run.linear_backend,
+        "model_source": model.source,
+        "weights_fingerprint": model.weights_fingerprint,
+        "draft_weights_fingerprint": weights_fingerprint(draft) if isinstance(draft, torch.nn.Module) else None,
+        "dtype": env["dtype"],
+        "device": str(model.device),
+        "threads": torch.get_num_threads(),
+        "environment": {key: env[key] for key in ("python", "torch", "transformers", "specbench", "device", "git_sha")},
     }
+
+
+def earlier_settings(output_dir: str | Path) -> dict | None:
+    """The run.json of ``output_dir`` (None when there is none), refused with one line when it was written by
+    an incompatible version of specbench or is damaged."""
+    settings_file = Path(output_dir) / "run.json"
+    if not settings_file.is_file():
+        return None
+    earlier = read_json_file(settings_file, "settings file of the run in that directory")
+    if earlier.get("schema_version") != SCHEMA_VERSION:
+        raise SpecbenchError(
+            f"{output_dir} holds a run written by another version of specbench (run.json schema "
+            f"{earlier.get('schema_version')!r}, this one writes {SCHEMA_VERSION}); it cannot be resumed: choose "
+            "another hydra.run.dir (python -m analysis still reads it)")
+    return earlier
+
+
+def check_resumable(output_dir: str | Path, settings: dict, keys=None) -> None:
+    """Refuse, without touching anything, to continue a run directory whose run.json has other settings."""
+    earlier = earlier_settings(output_dir)
+    if earlier is None:
+        return
+    changed = settings_differences(earlier, settings, keys or sorted(settings))
+    if changed:
+        raise SpecbenchError(f"{output_dir} holds results of a run with other settings ({'; '.join(changed)}); "
+                             "choose another hydra.run.dir or remove that directory")
 
 
 def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt]) -> dict | None:
     """The summary of ``output_dir`` when it already holds every selected question for these settings, so a
     re-run sweep skips finished cells without loading anything; None otherwise."""
-    settings_file, summary_file = Path(output_dir) / "run.json", Path(output_dir) / "summary.json"
-    if not (settings_file.is_file() and summary_file.is_file()):
+    summary_file = Path(output_dir) / "summary.json"
+    if not summary_file.is_file():
         return None
-    earlier = json.loads(settings_file.read_text())
-    if any(earlier.get(key) != value for key, value in config_settings(cfg).items()):
-        return None  # the full check in RunDirectory.open explains the difference
-    finished = RunDirectory(output_dir, with_baseline=cfg.run.baseline).finished_ids()
-    if not all(prompt.question_id in finished for prompt in questions):
+    run_dir = RunDirectory(output_dir, with_baseline=cfg.run.baseline)
+    done = run_dir.finished_ids() | run_dir.skipped_ids()
+    if not all(prompt.question_id in done for prompt in questions):
         return None
-    return json.loads(summary_file.read_text())
+    return read_json_file(summary_file, "summary of the run in that directory")
 
 
-def run_benchmark(cfg: DictConfig, output_dir: str) -> dict:
-    """Run the benchmark described by ``cfg`` into ``output_dir`` and return the summary."""
-    settings = RunSettings.from_config(cfg.run)
+def choose_threads(settings: RunSettings, output_dir: str) -> tuple[int, TimingCheck]:
+    """torch's thread count for this run and what the machine looked like at start. ``run.threads: null`` takes
+    the count an earlier session of this run directory used (so the run resumes on equal terms), else one per
+    usable core that other processes leave free (``specbench.machine.safe_threads``)."""
+    cores = usable_cores()
+    other = other_load()
     if settings.threads is not None:
-        torch.set_num_threads(settings.threads)
-    torch.manual_seed(settings.seed)
+        threads = settings.threads
+    else:
+        earlier = earlier_settings(output_dir)
+        threads = earlier["threads"] if earlier and isinstance(earlier.get("threads"), int) else safe_threads(cores, other)
+        if other and threads > safe_threads(cores, other):
+            log.warning("other processes keep %.1f of %g cores busy; this run resumes with the %d threads it began "
+                        "with, so its timings will be flagged", other, cores, threads)
+    if is_contended(other, threads, cores):
+        fewer = safe_threads(cores, other)
+        log.warning("other processes keep %.1f of %g cores busy and this run uses %d thread(s): its timings will be "
+                    "flagged as untrustworthy (quiet the machine%s)", other, cores, threads,
+                    f", or set run.threads={fewer}" if fewer < threads else "")
+    return threads, TimingCheck(threads=threads, usable_cores=cores, other_load_at_start=other)
 
+
+def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
+    """Run the benchmark described by ``cfg`` into ``output_dir`` and return the summary. ``on_open(path)``
+    is called once the directory has passed every check and is locked (the CLI saves Hydra's files there)."""
+    check_group_keys(cfg)
+    settings = RunSettings.from_config(cfg.run)
     questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
+    wanted = config_settings(cfg)
+    # Everything the configuration fixes is checked before anything is loaded or written.
+    check_resumable(output_dir, wanted)
     finished_summary = already_finished(cfg, output_dir, questions)
     if finished_summary is not None:
         log.info("%s: every selected question is already done; nothing to run", output_dir)
         return finished_summary
-    drafter: Drafter = build(cfg.drafter)
-    model: LoadedModel = build(cfg.model, device=settings.device, linear_backend=settings.linear_backend)
-    sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
-    drafter.prepare(model, sampling)
+    threads, timing = choose_threads(settings, output_dir)
+    torch.set_num_threads(threads)
+    torch.manual_seed(settings.seed)
+
+    with RunLock(output_dir) as lock:
+        drafter: Drafter = build(cfg.drafter)
+        model: LoadedModel = build(cfg.model, device=settings.device, linear_backend=settings.linear_backend)
+        sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
+        drafter.prepare(model, sampling)
+        run_settings = {**wanted, **loaded_settings(model, drafter)}
+        check_resumable(output_dir, run_settings)  # the weights, dtype, device, threads and software
+        run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
+        finished = run_dir.open(run_settings)
+        lock.keep()
+        if on_open is not None:
+            on_open(run_dir.path)
+        return _measure(cfg, settings, model, drafter, sampling, run_dir, finished, questions, timing)
+
+
+def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, sampling: Sampling,
+             run_dir: RunDirectory, finished: set, questions: list[Prompt], timing: TimingCheck) -> dict:
+    """Decode every pending question by the method and the baseline, recording each as it finishes."""
+    output_dir = run_dir.path
+    skipped = run_dir.skipped_ids()
+    pending = [prompt for prompt in questions if prompt.question_id not in finished and prompt.question_id not in skipped]
     baseline = NoDraft()
     dtype = str(model.dtype).removeprefix("torch.")
-
-    run_settings = {
-        **config_settings(cfg),
-        "model_source": model.source,
-        "dtype": dtype,
-        "device": str(model.device),
-        "threads": torch.get_num_threads(),
-    }
-    run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
-    finished = run_dir.open(run_settings)
-    pending = [prompt for prompt in questions if prompt.question_id not in finished]
     method = settings.method_name(drafter.name)
     header = {"model": model.name, "drafter": drafter.name, "method": method, "environment": environment(model)}
     if finished:
-        log.info("resuming in %s: %d of %d questions already done", output_dir, len(questions) - len(pending), len(questions))
+        log.info("resuming in %s: %d of %d questions already done", output_dir, len(finished), len(questions))
 
     decoder = Decoder(model.model, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
                       target_top_k=settings.target_top_k, diagnostic_top_k=settings.mismatch_top_k)
+    pending = _skip_too_long(model, pending, run_dir)
     if pending:
-        _warm_up(settings, model, decoder, drafter, baseline, pending[0], run_dir.path)
+        _warm_up(settings, model, decoder, drafter, baseline, pending, run_dir.path)
         _restore_drafter_state(drafter, run_dir, finished)
 
     bar = tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
                desc=f"{method} vs ar" if settings.baseline else method, dynamic_ncols=True)
     live = LiveRate(bar)
-    summary = run_dir.write_summary(header)
+    summary = run_dir.write_summary(header, timing)
+    meter = ContentionMeter()
     try:
         for index, prompt in enumerate(pending):
             decoders = [("method", drafter)] + ([("baseline", baseline)] if settings.baseline else [])
             if settings.alternate_order and index % 2 == 1:
                 decoders.reverse()
             answers = {}
-            for role, which in decoders:
-                live.label = f"q{prompt.question_id} {which.name}"
-                answers[role] = answer_question(model, decoder, which, prompt, settings.max_new_tokens, live)
+            meter.start()
+            try:
+                for role, which in decoders:
+                    live.label = f"q{prompt.question_id} {which.name}"
+                    answers[role] = answer_question(model, decoder, which, prompt, settings.max_new_tokens, live)
+            except TurnTooLong as reason:  # a later turn outgrew the context: the question cannot be answered whole
+                log.warning("skipping %s", reason)
+                run_dir.skip(prompt, str(reason))
+                bar.update(1)
+                continue
+            other_cores = meter.stop()
             method_answer, baseline_answer = answers["method"], answers.get("baseline")
             identical, mismatch = compare_with_baseline(method_answer, baseline_answer, settings.tolerance(dtype),
                                                         exact=sampling.greedy)
             if mismatch is not None and mismatch.kind == "violation":
                 log.warning("question %s differs from the baseline beyond a near-tie: %s", prompt.question_id, mismatch)
+            if is_contended(other_cores, timing.threads, timing.usable_cores):
+                log.warning("question %s: other processes kept %.1f of %g cores busy; its timings are flagged",
+                            prompt.question_id, other_cores, timing.usable_cores)
+            record = method_answer.to_record(prompt, f"{model.name}-{method}", identical, mismatch)
+            record["specbench"]["contention"] = {"other_cores": other_cores, "threads": timing.threads,
+                                                 "usable_cores": timing.usable_cores}
             run_dir.add(
-                method_answer.to_record(prompt, f"{model.name}-{method}", identical, mismatch),
+                record,
                 None if baseline_answer is None else baseline_answer.to_record(prompt, f"{model.name}-ar", None),
                 method_answer.step_rows(prompt.question_id),
             )
             state = drafter.state()
             if state is not None:
                 run_dir.save_drafter_state(state)
-            summary = run_dir.write_summary(header)
+            summary = run_dir.write_summary(header, timing)
             overall = summary["tasks"]["overall"]
             bar.update(1)
             if overall["speedup"] is not None:
-                bar.set_postfix_str(f"{overall['tokens_per_s']:.1f} tok/s, speedup {overall['speedup']:.2f}x")
+                flag = "" if summary["timing"]["trustworthy"] else " (timings flagged: busy machine)"
+                bar.set_postfix_str(f"{overall['tokens_per_s']:.1f} tok/s, speedup {overall['speedup']:.2f}x{flag}")
     finally:
         bar.close()
-    return summary
+    return run_dir.write_summary(header, timing)
+
+
+def _skip_too_long(model: LoadedModel, pending: list[Prompt], run_dir: RunDirectory) -> list[Prompt]:
+    """The pending questions whose first turn fits the model's context; the others are recorded as skipped, with
+    why, so that the run goes on (and a resumed run does not stop at them again)."""
+    kept = []
+    for prompt in pending:
+        try:
+            first_turn_ids(model, prompt)
+        except TurnTooLong as reason:
+            log.warning("skipping %s", reason)
+            run_dir.skip(prompt, str(reason))
+            continue
+        kept.append(prompt)
+    return kept
 
 
 def compare_with_baseline(method: Answer, baseline: Answer | None, tolerance: float, exact: bool):
@@ -331,10 +461,11 @@ def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: se
                     run_dir.path, len(seen & {str(q) for q in finished}), len(finished))
 
 
-def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, prompt: Prompt, run_path: Path) -> None:
-    """Decode untimed, so that lazy initialisation and caches do not land in the first question; then
-    calibrate the decoder (verify latency per token count) and record what was measured."""
-    prompt_ids = first_turn_ids(model, prompt)
+def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, pending: list[Prompt],
+             run_path: Path) -> None:
+    """Decode the first pending question untimed, so that lazy initialisation and caches do not land in the first
+    measured question; then calibrate the decoder (verify latency per token count) and record what was measured."""
+    prompt_ids = first_turn_ids(model, pending[0])
     budget = min(settings.warmup_max_new_tokens, model.max_context - len(prompt_ids))
     for _ in range(settings.warmup_runs):
         for which in (drafter, baseline):
@@ -347,5 +478,5 @@ def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, 
                   if decoder.verify_shapes.padded(size) != size}
         log.info("verify latency by tokens verified: %s; padding %s",
                  ", ".join(f"{size}:{seconds * 1000:.1f}ms" for size, seconds in latencies.items()), padded or "none")
-        latency_file.write_text(
-            json.dumps({"latency_s": latencies, "pad_to": padded, "context_len": len(prompt_ids)}, indent=2) + "\n")
+        text = json.dumps({"latency_s": latencies, "pad_to": padded, "context_len": len(prompt_ids)}, indent=2) + "\n"
+        write_atomically(latency_file, lambda path: path.write_text(text))

@@ -8,6 +8,7 @@ a bad value fails at once with a message naming the key, the value and what is a
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
@@ -64,6 +65,12 @@ class RunSettings:
 
     def check(self) -> None:
         """Reject settings that cannot work, naming the key."""
+        # NaN passes every comparison below (nan < 0 is False) and inf passes the lower bounds, so non-finite
+        # numbers are refused first, whatever the key.
+        for key in (f.name for f in dataclasses.fields(self)):
+            value = getattr(self, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SpecbenchError(f"run.{key} must be a finite number, got {value!r}")
         for key in ("max_new_tokens", "max_draft_tokens", "verify_padding_max", "calibration_repeats",
                     "draft_budget_max_depth", "draft_budget_max_rank"):
             _require_int(key, getattr(self, key), minimum=1)
@@ -127,7 +134,8 @@ def method_name(drafter_name: str, draft_budget: str = "off", verify_padding: st
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float; a bool is not a number here."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _require_int(key: str, value, minimum: int, extra: str = "") -> None:

@@ -4,13 +4,17 @@ distillation of pruned drafts both read them."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
+from specbench.datastores.storage import require_writable
 from specbench.models import cached_path
+
+log = logging.getLogger(__name__)
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -58,12 +62,15 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
     drafts read the same answers. An interrupted generation resumes from the batches already answered."""
     if not isinstance(prompts, list):
         prompts = read_prompts(prompts if prompts else MODEL_DB_PROMPTS)
+    # Keyed by the prompts' text itself (not a prompt file's path), so an edited prompt file gets new answers.
     file = cached_path(cache_dir, "answers", target.name,
                        {"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens}, ".jsonl")
     if file.is_file():
-        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-        if len(rows) == len(prompts):
-            return [(row["prompt_ids"], row["answer_ids"]) for row in rows]
+        pairs = _read_answers(file, len(prompts))
+        if pairs is not None:
+            return pairs
+        log.warning("the cached answers %s are damaged and are being generated again", file)
+    require_writable(file)
     file.parent.mkdir(parents=True, exist_ok=True)
     staging = file.with_suffix(".partial")
     done = _complete_rows(staging)
@@ -76,6 +83,19 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
     rows = [json.loads(line) for line in staging.read_text().splitlines()]
     staging.replace(file)
     return [(row["prompt_ids"], row["answer_ids"]) for row in rows]
+
+
+def _read_answers(file: Path, expected: int) -> list[tuple[list[int], list[int]]] | None:
+    """The (prompt ids, answer ids) of a cached answers file, or None unless it holds ``expected`` whole rows
+    of non-negative token ids."""
+    try:
+        rows = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        pairs = [(row["prompt_ids"], row["answer_ids"]) for row in rows]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    valid = all(isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+                for pair in pairs for ids in pair)
+    return pairs if valid and len(pairs) == expected else None
 
 
 def _complete_rows(staging: Path) -> list[str]:

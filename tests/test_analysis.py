@@ -24,17 +24,21 @@ LATENCY = {1: 0.050, 2: 0.060, 3: 0.060, 4: 0.052, 11: 0.090}
 
 def synthetic_run(path, drafter, accepted, verify_tokens, speed=30, baseline_speed=15, draft_s=0.0,
                   overhead_s=0.0001, slowdown=1.0, noise=0.01, threads=2, calibrated=True, source="", seed=0,
-                  context_start=50, context_cost=0.0):
+                  context_start=50, context_cost=0.0, tasks=("qa", "qa", "rag", "rag"), first_question=100,
+                  settings=None, header=None):
     """A run directory whose questions decode at ``speed`` tokens/s against ``baseline_speed`` (the answers);
     its decoding steps accept ``accepted`` tokens each and verify the counts of ``verify_tokens`` in turn,
     each timed by LATENCY x ``slowdown`` (another process on the machine) with relative noise ``noise``.
     It is calibrated (verify_latency.json) with LATENCY itself, and ran on ``threads`` CPU threads. Step i
-    attends to ``context_start + i`` tokens, each costing ``context_cost`` seconds on top of LATENCY."""
+    attends to ``context_start + i`` tokens, each costing ``context_cost`` seconds on top of LATENCY. It answers
+    one question per entry of ``tasks`` (ids ``first_question``, +1, ...); ``settings`` are added to its
+    run.json (schema 2's layout) and ``header`` to its summary.json."""
     rng = np.random.default_rng(seed)
     run = RunDirectory(path, with_baseline=True)
-    run.open({"model": "m", "drafter": {"name": drafter}, "device": "cpu", "dtype": "float32", "threads": threads})
-    for index, task in enumerate(["qa", "qa", "rag", "rag"]):
-        question_id = 100 + index
+    run.open({"schema_version": 2, "model": "m", "drafter": {"name": drafter}, "device": "cpu", "dtype": "float32",
+              "threads": threads, **(settings or {})})
+    for index, task in enumerate(tasks):
+        question_id = first_question + index
         tokens = accepted * 20 + 1
         method, base = Answer(), Answer()
         steps = [StepRecord(step=0, draft_tokens=0, candidate_tokens=0, verify_tokens=50, accepted_tokens=1,
@@ -54,7 +58,7 @@ def synthetic_run(path, drafter, accepted, verify_tokens, speed=30, baseline_spe
         base.wall_times = [tokens / baseline_speed]
         prompt = Prompt(question_id, task, task, ("q",))
         run.add(method.to_record(prompt, drafter, True), base.to_record(prompt, "ar", None), method.step_rows(question_id))
-    run.write_summary({"model": "m", "drafter": drafter, "environment": {}})
+    run.write_summary({"model": "m", "drafter": drafter, "environment": {}, **(header or {})})
     if calibrated:
         (path / "verify_latency.json").write_text(json.dumps(
             {"latency_s": {str(count): seconds for count, seconds in LATENCY.items()}, "pad_to": {}}))

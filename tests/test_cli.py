@@ -144,9 +144,13 @@ def test_bad_settings(tmp_path, override, message):
     assert message in one_line_error(specbench(*TINY, override, f"hydra.run.dir={tmp_path}"))
 
 
-def test_prompt_longer_than_the_context(tmp_path):
-    line = one_line_error(specbench(*TINY, "model.max_context=64", "task=summarization", f"hydra.run.dir={tmp_path}"))
-    assert "more than tiny-random's context of 64" in line
+def test_prompts_longer_than_the_context_are_skipped_and_named(tmp_path):
+    """They used to stop the whole run at that question, on every resume."""
+    result = specbench(*TINY, "model.max_context=64", "task=summarization", "task.limit_per_task=2",
+                       f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert "skipped 2 question(s)" in result.stdout and "more than tiny-random's context of 64" in result.stdout
+    assert len(read_jsonl(tmp_path / "skipped.jsonl")) == 2
 
 
 def test_hub_model_unavailable_offline(tmp_path):
@@ -163,7 +167,7 @@ def test_analysis_reads_the_run_back(finished_run):
     from analysis.runs import load_steps, load_summaries
 
     run_dir, _ = finished_run
-    table = load_summaries([run_dir.parent])
+    table = load_summaries([run_dir])
     overall = table[(table.run_dir == str(run_dir)) & (table.task == "overall")].iloc[0]
     assert overall.drafter == "pld" and overall.questions >= 6
     steps = load_steps([run_dir])

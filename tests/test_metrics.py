@@ -114,7 +114,7 @@ def test_exactness_counts_say_what_they_cannot_know():
 
 def write_run(path, method, baseline):
     path.mkdir()
-    (path / "summary.json").write_text(json.dumps({"schema_version": 1, "model": "m", "drafter": "pld", "tasks": {}}))
+    (path / "summary.json").write_text(json.dumps({"schema_version": 2, "model": "m", "drafter": "pld", "tasks": {}}))
     for name, records in (("answers.jsonl", method), ("baseline_answers.jsonl", baseline)):
         (path / name).write_text("".join(json.dumps(record) + "\n" for record in records))
     return path

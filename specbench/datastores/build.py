@@ -1,10 +1,17 @@
 """Building the databases that drafters read, with progress bars; used by the scripts and, for
-``auto`` paths, on a drafter's first use (results are cached, so that happens once per model)."""
+``auto`` paths, on a drafter's first use (results are cached, so that happens once per model).
+
+An ``auto`` database's cache key covers what it is built from by content (corpus files, prompt and question
+files: their SHA-256), so an edited file gives a new database; a cached one that fails its load checks is
+rebuilt with a warning (``storage.load_or_rebuild``), while one given by path stops the run with one line
+naming it and the command that rebuilds it."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import shlex
 import time
 from pathlib import Path
 
@@ -12,16 +19,18 @@ import numpy as np
 from tqdm import tqdm
 
 import specbench
-from specbench.datastores.corpus import DEFAULT_CORPUS, iter_documents, resolve_corpus
+from specbench.datastores.corpus import DEFAULT_CORPUS, corpus_identity, iter_documents, resolve_corpus
 from specbench.datastores.model_db import (
     count_document_ngrams,
     load_model_db,
     save_model_db,
 )
+from specbench.datastores.sharegpt import SHAREGPT
+from specbench.datastores.storage import load_or_rebuild
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.errors import SpecbenchError
-from specbench.models import cache_root, cached_path
-from specbench.data import read_questions
+from specbench.models import cache_root, cached_path, file_digest
+from specbench.data import SAMPLE_QUESTIONS, read_questions
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, drop_overlapping, model_db_prompts
 from specbench.target_answers import target_answers
 
@@ -58,18 +67,56 @@ def build_datastore(target, corpus: str, directory: Path, cache: Path) -> TokenD
     return datastore
 
 
+def vocab_size(target) -> int:
+    """The target's vocabulary as the model sees it (its embedding rows): every token id in a database must be
+    below it, or the model fails mid-run."""
+    return target.model.config.get_text_config().vocab_size
+
+
+def corpus_cache_key(corpus: str, cache: Path) -> str:
+    """The part of an auto database's directory name that stands for ``corpus``: a hash of what its sources
+    hold (``corpus_identity``), so that an edited corpus file is never served from its old database."""
+    identity = corpus_identity(resolve_corpus(corpus, cache))
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+
+
+def _recorded_corpus(directory: Path) -> str | None:
+    """The corpus spec a datastore's manifest names, if its manifest can be read."""
+    try:
+        spec = json.loads((Path(directory) / "manifest.json").read_text())["corpus"]["spec"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return spec if isinstance(spec, str) else None
+
+
 def statistics_datastore(target, path: str, corpus: str = DEFAULT_CORPUS, cache_dir: str | None = None) -> TokenDatastore:
-    """The datastore at ``path``, or with ``path="auto"`` the cached one for this tokenizer and ``corpus``,
-    built first if missing."""
+    """The datastore at ``path``, or with ``path="auto"`` the cached one for this tokenizer and the content of
+    ``corpus``, built first if missing, and rebuilt (with a warning) if damaged."""
+    fingerprint, vocab = target.tokenizer_fingerprint, vocab_size(target)
     if path != "auto":
-        return TokenDatastore.load(path, target.tokenizer_fingerprint)
+        spec = _recorded_corpus(Path(path)) or corpus
+        command = f"python scripts/build_datastore.py --model {target.name} --corpus {shlex.quote(spec)}"
+        return TokenDatastore.load(path, fingerprint, vocab, command)
     cache = cache_root(cache_dir)
-    corpus_key = hashlib.sha1(corpus.encode()).hexdigest()[:8]
-    directory = cache / "datastores" / f"{target.tokenizer_fingerprint}-{corpus_key}"
-    if not (directory / "manifest.json").is_file():
-        log.info("building the statistics datastore for %s from %s (once; cached in %s)", target.name, corpus, directory)
-        build_datastore(target, corpus, directory, cache)
-    return TokenDatastore.load(directory, target.tokenizer_fingerprint)
+    directory = cache / "datastores" / f"{fingerprint}-{corpus_cache_key(corpus, cache)}"
+    command = f"python scripts/build_datastore.py --model {target.name} --corpus {shlex.quote(corpus)}"
+    return load_or_rebuild(directory, f"statistics datastore of {corpus} for {target.name}",
+                           lambda: TokenDatastore.load(directory, fingerprint, vocab, command),
+                           lambda: build_datastore(target, corpus, directory, cache))
+
+
+def source_identity(spec: str | None, default: Path | None = None):
+    """What a cache key records for a prompt set or question file spec: a local file (``default`` for None) by
+    its content and suffix, ``sharegpt:FILE`` by its file's content, anything else (hub ids, the bundled
+    ``sharegpt``) by its spec."""
+    if spec is None and default is not None:
+        spec = str(default)
+    if spec is None:
+        return None
+    file = Path(spec[len(SHAREGPT) + 1:] if spec.startswith(SHAREGPT + ":") else spec).expanduser()
+    if spec.startswith("hf:") or spec == SHAREGPT or not file.is_file():
+        return spec
+    return {"suffix": file.suffix, "sha256": file_digest(file), "sharegpt": spec.startswith(SHAREGPT + ":")}
 
 
 def model_db_prompt_set(build: dict) -> tuple[list[str], dict]:
@@ -116,14 +163,20 @@ def build_model_db(target, directory: Path, build: dict, key_tokens: int, contin
 def model_db(target, path: str, key_tokens: int, continuation_length: int, capacity: int, build: dict,
              cache_dir: str | None = None, least_frequent_first: bool = False):
     """The model database at ``path``, or with ``path="auto"`` the cached one for this model and ``build``
-    settings (see ``build_model_db``), built first if missing. A database serves any continuation length up
-    to the one it was built with."""
-    if path == "auto":
-        settings = {"source": target.source, "key": key_tokens, "continuation": continuation_length, **build}
-        directory = cached_path(cache_dir, "model_db", target.name, settings)
-        if not (directory / "manifest.json").is_file():
-            log.info("building the model database for %s (once; cached in %s)", target.name, directory)
-            build_model_db(target, directory, build, key_tokens, continuation_length, cache_dir)
-        path = str(directory)
-    return load_model_db(path, target.tokenizer_fingerprint, key_tokens, continuation_length, capacity,
-                         least_frequent_first)
+    settings (see ``build_model_db``; its prompt set and question files by content), built first if missing
+    and rebuilt (with a warning) if damaged. A database serves any continuation length up to the one it was
+    built with."""
+    def load(directory, command=f"python scripts/build_model_db.py --model {target.name}"):
+        return load_model_db(directory, target.tokenizer_fingerprint, key_tokens, continuation_length, capacity,
+                             least_frequent_first, vocab_size=vocab_size(target), command=command)
+
+    if path != "auto":
+        prompts = f" --prompts {shlex.quote(str(build['prompts']))}" if build.get("prompts") else ""
+        return load(path, f"python scripts/build_model_db.py --model {target.name}{prompts}")
+    settings = {"source": target.source, "key": key_tokens, "continuation": continuation_length, **build,
+                "prompts": source_identity(build.get("prompts"), MODEL_DB_PROMPTS),
+                "exclude_questions": source_identity(build.get("exclude_questions"), SAMPLE_QUESTIONS)}
+    directory = cached_path(cache_dir, "model_db", target.name, settings)
+    return load_or_rebuild(directory, f"model database of {target.name}", lambda: load(directory),
+                           lambda: build_model_db(target, directory, build, key_tokens, continuation_length,
+                                                  cache_dir))

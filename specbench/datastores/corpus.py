@@ -68,18 +68,47 @@ def iter_documents(sources: list[str]):
         if source.startswith("hf:"):
             yield from _hub_documents(source[3:])
             continue
-        path = Path(source).expanduser()
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and (p.suffix in TEXT_SUFFIXES or p.suffix == ".jsonl"))
-        elif path.is_file():
-            files = [path]
-        else:
-            raise SpecbenchError(f"corpus {source}: no such file or directory")
-        for file in files:
+        for file in corpus_files(source):
             if file.suffix == ".jsonl":
                 yield from _jsonl_documents(file)
             else:
                 yield file.read_text(encoding="utf-8", errors="replace")
+
+
+def corpus_files(source: str) -> list[Path]:
+    """The files a local corpus source is read from, in order: the file itself, or a directory's text and
+    jsonl files below it, sorted by path."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file() and (p.suffix in TEXT_SUFFIXES or p.suffix == ".jsonl"))
+    if path.is_file():
+        return [path]
+    raise SpecbenchError(f"corpus {source}: no such file or directory")
+
+
+def corpus_identity(sources: list[str]) -> list:
+    """What a cache built from ``sources`` (``resolve_corpus``) is keyed by: the content of every local file
+    read (SHA-256), with its name below the source directory (it orders the documents) or, for a single
+    file, its suffix (it picks the parser); hub ids and the bundled ``sharegpt`` (whose hash is checked on
+    every read) by their spec. So an edited corpus file gives another key, and a moved one the same."""
+    from specbench.models.cache import file_digest
+
+    identity = []
+    for source in sources:
+        if source.startswith("hf:") or source == SHAREGPT:
+            identity.append(source)
+        elif is_sharegpt_spec(source):
+            file = Path(source[len(SHAREGPT) + 1:]).expanduser()
+            if not file.is_file():
+                raise SpecbenchError(f"corpus {source}: no such file")
+            identity.append(["sharegpt", file_digest(file)])
+        elif Path(source).expanduser().is_dir():
+            root = Path(source).expanduser()
+            identity.append([[file.relative_to(root).as_posix(), file_digest(file)] for file in corpus_files(source)])
+        else:
+            file = corpus_files(source)[0]
+            identity.append([file.suffix, file_digest(file)])
+    return identity
 
 
 def _record_text(record) -> str:

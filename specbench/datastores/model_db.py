@@ -4,23 +4,28 @@ Built once per model from its greedy answers to a prompt set that is disjoint fr
 questions (``scripts/build_model_db.py``): every n-gram is counted once per answer it occurs in (document
 frequency), and each key keeps its most frequent continuations. On disk:
 
-    manifest.json   tokenizer fingerprint, model, prompt set, key_tokens, continuation_length, counts
+    manifest.json   tokenizer fingerprint, model, prompt set, key_tokens, continuation_length, counts, and
+                    each file's size, modification time and SHA-256 (checked on load: storage.verify_files)
     ngrams.npz      per key length k: ngrams_k [m, k + continuation_length] int32 and counts_k [m] int64
 """
 
 from __future__ import annotations
 
-import json
+import shlex
+import zipfile
+import zlib
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from specbench.datastores.ngram_pool import RankedNGrams
-from specbench.datastores.storage import replace_directory
+from specbench.datastores.storage import read_manifest, replace_directory, verify_files
+from specbench.datastores.suffix_array import out_of_vocabulary
 from specbench.errors import SpecbenchError
 
 FORMAT_VERSION = 1
+BUILD_COMMAND = "python scripts/build_model_db.py --model MODEL"
 
 
 def count_document_ngrams(documents, key_tokens: int, continuation_length: int, max_ngrams: int,
@@ -55,42 +60,63 @@ def merge_truncated(ngrams: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray,
 def save_model_db(directory: str | Path, tables: dict, manifest: dict) -> None:
     arrays = {}
     for key_length, (ngrams, counts) in tables.items():
-        arrays[f"ngrams_{key_length}"] = ngrams
-        arrays[f"counts_{key_length}"] = counts
+        arrays[f"ngrams_{key_length}"] = np.asarray(ngrams, dtype=np.int32)
+        arrays[f"counts_{key_length}"] = np.asarray(counts, dtype=np.int64)
     manifest = {**manifest, "format_version": FORMAT_VERSION,
                 "ngrams": {str(k): len(c) for k, (_, c) in tables.items()}}
     replace_directory(directory, lambda staging: np.savez(staging / "ngrams.npz", **arrays), manifest)
 
 
 def load_model_db(directory: str | Path, tokenizer_fingerprint: str, key_tokens: int, continuation_length: int,
-                  capacity: int, least_frequent_first: bool = False) -> RankedNGrams:
+                  capacity: int, least_frequent_first: bool = False, *, vocab_size: int | None = None,
+                  command: str = BUILD_COMMAND) -> RankedNGrams:
     """The model database for lookups with keys of up to ``key_tokens`` tokens and continuations of (at most)
     ``continuation_length`` tokens, checked against the target's tokenizer. A database built with longer
     continuations serves shorter ones (truncated, counts merged); one built with shorter continuations
     serves them as they are. Each key keeps its ``capacity`` most frequent continuations, listed most
     frequent first, or least frequent first (HD's code inserts them in ascending frequency into lists that
-    keep the last ``capacity``)."""
+    keep the last ``capacity``).
+
+    It must be whole (``verify_files``; each table of the size and dtype the manifest says) and, given
+    ``vocab_size`` (the target's embedding rows), hold token ids 0..vocab_size-1 only. ``command``
+    (scripts/build_model_db.py without ``--out``) is what the errors suggest to rebuild it."""
     directory = Path(directory)
-    rebuild = "build one with scripts/build_model_db.py"
-    manifest_file = directory / "manifest.json"
-    if not manifest_file.is_file():
-        raise SpecbenchError(f"{directory}: no model database here (manifest.json missing); {rebuild}")
-    try:
-        manifest = json.loads(manifest_file.read_text())
-        arrays = np.load(directory / "ngrams.npz")
-    except (OSError, ValueError) as error:
-        raise SpecbenchError(f"{directory}: damaged model database ({error}); {rebuild}") from None
-    if manifest.get("key_tokens", 0) < key_tokens:
-        raise SpecbenchError(f"{directory} holds keys of up to {manifest.get('key_tokens')} tokens; the drafter "
-                             f"uses {key_tokens}: {rebuild}")
-    try:
-        tables = {k: (arrays[f"ngrams_{k}"], arrays[f"counts_{k}"]) for k in range(1, key_tokens + 1)}
-    except (KeyError, ValueError) as error:
-        raise SpecbenchError(f"{directory}: damaged model database ({error}); {rebuild}") from None
+    rebuild = f"rebuild it with `{command} --out {shlex.quote(str(directory))}`"
+    manifest = read_manifest(directory, "model database", rebuild)
     if manifest.get("format_version") != FORMAT_VERSION:
         raise SpecbenchError(f"{directory}: model database format {manifest.get('format_version')}; {rebuild}")
-    if manifest.get("tokenizer", {}).get("fingerprint") != tokenizer_fingerprint:
-        raise SpecbenchError(f"{directory} was built for another tokenizer than the target's; {rebuild} for this model")
+    tokenizer = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
+    if tokenizer.get("fingerprint") != tokenizer_fingerprint:
+        raise SpecbenchError(f"{directory} was built for another tokenizer than the target's; build one for this "
+                             f"model with `{command} --out NEW_DIR`")
+    built_keys = manifest.get("key_tokens", 0)
+    if not isinstance(built_keys, int) or built_keys < key_tokens:
+        raise SpecbenchError(f"{directory} holds keys of up to {built_keys} tokens; the drafter "
+                             f"uses {key_tokens}: {rebuild}")
+    problem = verify_files(directory, manifest)
+    if problem:
+        raise SpecbenchError(f"{directory}: damaged model database ({problem}); {rebuild}")
+    built_continuation = manifest.get("continuation_length")
+    sizes = manifest.get("ngrams") if isinstance(manifest.get("ngrams"), dict) else {}
+    tables = {}
+    try:
+        with np.load(directory / "ngrams.npz") as arrays:
+            for k in range(1, key_tokens + 1):
+                ngrams, counts = arrays[f"ngrams_{k}"], arrays[f"counts_{k}"]
+                width = k + built_continuation if isinstance(built_continuation, int) else ngrams.shape[-1]
+                rows = sizes.get(str(k), ngrams.shape[0])
+                if (ngrams.dtype != np.int32 or counts.dtype != np.int64 or ngrams.shape != (rows, width)
+                        or counts.shape != (rows,)):
+                    raise ValueError(f"ngrams_{k} {ngrams.dtype}{list(ngrams.shape)}, counts_{k} "
+                                     f"{counts.dtype}{list(counts.shape)}; manifest.json: {rows} rows of {width}")
+                tables[k] = (ngrams, counts)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        raise SpecbenchError(f"{directory}: damaged model database ({error}); {rebuild}") from None
+    for k, (ngrams, _) in tables.items():
+        bad = out_of_vocabulary(ngrams, 0, vocab_size)
+        if bad is not None:
+            raise SpecbenchError(f"{directory}: token id {bad} in ngrams_{k} is outside the target's vocabulary "
+                                 f"(ids 0..{(vocab_size or 0) - 1}); {rebuild}")
     table: dict = {}
     for key_length in range(key_tokens, 0, -1):
         ngrams, counts = tables[key_length]

@@ -3,7 +3,8 @@ search, with the continuations that followed it (REST's retrieval, HD's statisti
 
 On disk a datastore is a directory:
 
-    manifest.json   format version, corpus description, document and token counts, tokenizer fingerprint
+    manifest.json   format version, corpus description, document and token counts, tokenizer fingerprint, and
+                    each file's size, modification time and SHA-256 (checked on load: storage.verify_files)
     tokens.npy      int32 token ids of all documents, each followed by SEPARATOR
     suffixes.npy    int32/int64 suffix array of tokens.npy (positions in lexicographic order)
 """
@@ -11,16 +12,17 @@ On disk a datastore is a directory:
 from __future__ import annotations
 
 import bisect
-import json
+import shlex
 from pathlib import Path
 
 import numpy as np
 
-from specbench.datastores.storage import replace_directory
+from specbench.datastores.storage import read_manifest, replace_directory, verify_files
 from specbench.errors import SpecbenchError
 
 FORMAT_VERSION = 1
 SEPARATOR = -1  # ends every document; queries never contain it, so no match or continuation crosses documents
+BUILD_COMMAND = "python scripts/build_datastore.py --model MODEL --corpus CORPUS"
 
 
 class TokenDatastore:
@@ -65,30 +67,46 @@ class TokenDatastore:
         replace_directory(directory, write, self.manifest)
 
     @staticmethod
-    def load(directory: str | Path, tokenizer_fingerprint: str | None = None) -> TokenDatastore:
-        """Load a datastore, checking that it is whole and was built with the expected tokenizer."""
+    def load(directory: str | Path, tokenizer_fingerprint: str | None = None, vocab_size: int | None = None,
+             command: str = BUILD_COMMAND) -> TokenDatastore:
+        """Load a datastore, checking that it is whole (``verify_files``; array sizes and dtypes as the manifest
+        says), was built with the expected tokenizer and, given ``vocab_size`` (the target's embedding rows),
+        holds no token id outside the vocabulary. ``command`` (scripts/build_datastore.py without ``--out``)
+        is what the errors suggest to rebuild it."""
         directory = Path(directory)
-        manifest_file = directory / "manifest.json"
-        rebuild = "rebuild it with scripts/build_datastore.py"
-        if not manifest_file.is_file():
-            raise SpecbenchError(f"{directory}: no datastore here (manifest.json missing); {rebuild}")
-        try:
-            manifest = json.loads(manifest_file.read_text())
-            tokens = np.load(directory / "tokens.npy", mmap_mode="r")
-            suffixes = np.load(directory / "suffixes.npy", mmap_mode="r")
-        except (OSError, ValueError) as error:
-            raise SpecbenchError(f"{directory}: damaged datastore ({error}); {rebuild}") from None
+        rebuild = f"rebuild it with `{command} --out {shlex.quote(str(directory))}`"
+        manifest = read_manifest(directory, "datastore", rebuild)
         if manifest.get("format_version") != FORMAT_VERSION:
             raise SpecbenchError(f"{directory}: datastore format {manifest.get('format_version')}, expected {FORMAT_VERSION}; {rebuild}")
-        if tokens.shape != suffixes.shape or tokens.shape[0] != manifest.get("tokens"):
-            raise SpecbenchError(f"{directory}: damaged datastore (token and suffix counts disagree); {rebuild}")
-        built_with = manifest.get("tokenizer", {}).get("fingerprint")
-        if tokenizer_fingerprint is not None and built_with != tokenizer_fingerprint:
+        problem = verify_files(directory, manifest)
+        if problem:
+            raise SpecbenchError(f"{directory}: damaged datastore ({problem}); {rebuild}")
+        try:
+            tokens = np.load(directory / "tokens.npy", mmap_mode="r")
+            suffixes = np.load(directory / "suffixes.npy", mmap_mode="r")
+        except (OSError, ValueError, EOFError) as error:
+            raise SpecbenchError(f"{directory}: damaged datastore ({error}); {rebuild}") from None
+        if (tokens.ndim != 1 or tokens.dtype != np.int32 or suffixes.dtype not in (np.int32, np.int64)
+                or tokens.shape != suffixes.shape or tokens.shape[0] != manifest.get("tokens")):
+            raise SpecbenchError(f"{directory}: damaged datastore (tokens.npy {tokens.dtype}{list(tokens.shape)}, "
+                                 f"suffixes.npy {suffixes.dtype}{list(suffixes.shape)}, manifest.json: "
+                                 f"{manifest.get('tokens')} tokens); {rebuild}")
+        tokenizer = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
+        if tokenizer_fingerprint is not None and tokenizer.get("fingerprint") != tokenizer_fingerprint:
             raise SpecbenchError(
-                f"{directory} was built with another tokenizer ({manifest.get('tokenizer', {}).get('name')}) than "
-                f"the target's; build one for this model with scripts/build_datastore.py"
+                f"{directory} was built with another tokenizer ({tokenizer.get('name')}) than "
+                f"the target's; build one for this model with `{command} --out NEW_DIR`"
             )
-        return TokenDatastore(np.asarray(tokens), np.asarray(suffixes), manifest)
+        tokens, suffixes = np.asarray(tokens), np.asarray(suffixes)
+        if tokens.size:
+            # A separator is the only negative id; any id past the vocabulary would fail mid-run, in the model.
+            bad = out_of_vocabulary(tokens, SEPARATOR, vocab_size)
+            if bad is not None:
+                raise SpecbenchError(f"{directory}: token id {bad} in tokens.npy is outside the target's vocabulary "
+                                     f"(ids 0..{(vocab_size or 0) - 1}, {SEPARATOR} ends a document); {rebuild}")
+            if int(suffixes.min()) < 0 or int(suffixes.max()) >= tokens.size:
+                raise SpecbenchError(f"{directory}: damaged datastore (suffixes.npy points outside tokens.npy); {rebuild}")
+        return TokenDatastore(tokens, suffixes, manifest)
 
     # ---- search -----------------------------------------------------------------------------------------
 
@@ -161,3 +179,16 @@ def prefix_group_starts(matrix: np.ndarray) -> np.ndarray:
     if matrix.shape[0] > 1:
         starts[1:] = np.logical_or.accumulate(matrix[1:] != matrix[:-1], axis=1)
     return starts
+
+
+def out_of_vocabulary(ids: np.ndarray, lowest: int, vocab_size: int | None) -> int | None:
+    """The first id in ``ids`` below ``lowest`` (the smallest id the format allows: 0, or a separator) or, given
+    ``vocab_size``, at or above it; None when all are in range. Two passes over the array (min and max), then a
+    search only when one is out of range."""
+    if ids.size == 0:
+        return None
+    low, high = int(ids.min()), int(ids.max())
+    if low >= lowest and (vocab_size is None or high < vocab_size):
+        return None
+    bad = (ids < lowest) if vocab_size is None else (ids < lowest) | (ids >= vocab_size)
+    return int(ids.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])

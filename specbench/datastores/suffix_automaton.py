@@ -22,7 +22,6 @@ text fed so far that occurs in the automaton's text.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -30,7 +29,8 @@ from typing import Iterable, Sequence
 import numba
 import numpy as np
 
-from specbench.datastores.storage import replace_directory
+from specbench.datastores.storage import read_manifest, replace_directory, verify_files
+from specbench.datastores.suffix_array import out_of_vocabulary
 from specbench.errors import SpecbenchError
 
 FORMAT_VERSION = 1
@@ -640,32 +640,33 @@ class StaticSuffixAutomaton:
         replace_directory(directory, write, self.manifest)
 
     @staticmethod
-    def load(directory: str | Path, expected_manifest_subset: dict | None = None) -> StaticSuffixAutomaton:
-        """Memory-map a saved automaton, checking that it is whole, of this format and, when
-        ``expected_manifest_subset`` is given, that its manifest has those entries."""
+    def load(directory: str | Path, expected_manifest_subset: dict | None = None, vocab_size: int | None = None,
+             fix: str = "rebuild it") -> StaticSuffixAutomaton:
+        """Memory-map a saved automaton, checking that it is whole (``verify_files``; every array of the size
+        and dtype the manifest says), of this format, when ``expected_manifest_subset`` is given that its
+        manifest has those entries, and, given ``vocab_size`` (the target's embedding rows), that its text
+        and transitions hold token ids 0..vocab_size-1 only (the text's first entry is the dummy -1). ``fix``
+        ends every error message."""
         directory = Path(directory)
-        rebuild = "rebuild it"
-        manifest_file = directory / "manifest.json"
-        if not manifest_file.is_file():
-            raise SpecbenchError(f"{directory}: no suffix automaton here (manifest.json missing); {rebuild}")
-        try:
-            manifest = json.loads(manifest_file.read_text())
-        except (OSError, ValueError) as error:
-            raise SpecbenchError(f"{directory}: damaged suffix automaton (manifest.json: {error}); {rebuild}") from None
-        if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-            version = manifest.get("format_version") if isinstance(manifest, dict) else None
+        rebuild = fix
+        manifest = read_manifest(directory, "suffix automaton", rebuild)
+        if manifest.get("format_version") != FORMAT_VERSION:
             raise SpecbenchError(
-                f"{directory}: suffix automaton format {version}, expected {FORMAT_VERSION}; {rebuild}")
+                f"{directory}: suffix automaton format {manifest.get('format_version')}, expected {FORMAT_VERSION}; "
+                f"{rebuild}")
         for key, value in (expected_manifest_subset or {}).items():
             if manifest.get(key) != value:
                 raise SpecbenchError(
                     f"{directory}: suffix automaton built for {key}={manifest.get(key)!r}, expected {value!r}; "
                     f"{rebuild}")
+        problem = verify_files(directory, manifest)
+        if problem:
+            raise SpecbenchError(f"{directory}: damaged suffix automaton ({problem}); {rebuild}")
         arrays = {}
         for name in _ARRAYS:
             try:
                 arrays[name] = np.asarray(np.load(directory / f"{name}.npy", mmap_mode="r"))
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, EOFError) as error:
                 raise SpecbenchError(f"{directory}: damaged suffix automaton ({name}.npy: {error}); {rebuild}") from None
         try:
             states, transitions, n = int(manifest["states"]), int(manifest["transitions"]), int(manifest["tokens"])
@@ -684,6 +685,13 @@ class StaticSuffixAutomaton:
                     f"{array.dtype}); {rebuild}")
         if arrays["hash_keys"].size <= transitions or arrays["hash_keys"].size >= 2**32:
             raise SpecbenchError(f"{directory}: damaged suffix automaton (hash table size); {rebuild}")
+        if n >= 0 and int(arrays["tokens"][0]) != -1:
+            raise SpecbenchError(f"{directory}: damaged suffix automaton (tokens.npy does not start with -1); {rebuild}")
+        for name, ids in (("tokens", arrays["tokens"][1:]), ("edge_token", arrays["edge_token"])):
+            bad = out_of_vocabulary(ids, 0, vocab_size)
+            if bad is not None:
+                raise SpecbenchError(f"{directory}: token id {bad} in {name}.npy is outside the target's vocabulary "
+                                     f"(ids 0..{(vocab_size or 0) - 1}); {rebuild}")
         return StaticSuffixAutomaton(arrays, manifest)
 
     # ---- sizes ------------------------------------------------------------------------------------------

@@ -45,27 +45,30 @@ def corpus_automaton(target, corpus: str, cache_dir: str | None = None) -> Stati
     """The static automaton of ``corpus`` for this tokenizer: loaded from the cache, or built once from the
     corpus's statistics datastore (the same tokens REST searches). Like the authors' build script
     (tools/build_static_sam.py), every document ends with EOS and every vocabulary token is added as a
-    one-token document, so that any token has a match of at least 1."""
-    from specbench.datastores.build import statistics_datastore
+    one-token document, so that any token has a match of at least 1. The cache key covers the corpus's
+    content, the vocabulary size and EOS; a cached automaton that fails its load checks is rebuilt."""
+    from specbench.datastores.build import corpus_cache_key, statistics_datastore, vocab_size
+    from specbench.datastores.storage import load_or_rebuild
     from specbench.models import cache_root
 
     cache = cache_root(cache_dir)
-    key = hashlib.sha1(corpus.encode()).hexdigest()[:8]
+    vocab, eos = vocab_size(target), _eos_token(target)
+    key = hashlib.sha256(f"{corpus_cache_key(corpus, cache)} {vocab} {eos}".encode()).hexdigest()[:16]
     directory = cache / "sam" / f"{target.tokenizer_fingerprint}-{key}"
-    if (directory / "manifest.json").is_file():
-        return StaticSuffixAutomaton.load(directory)
-    datastore = statistics_datastore(target, "auto", corpus, cache_dir)
-    eos = _eos_token(target)
-    documents = _datastore_documents(datastore.tokens)
-    vocab = target.model.config.get_text_config().vocab_size
-    documents.extend(np.array([token], dtype=np.int32) for token in range(vocab))
-    log.info("building the suffix automaton of %s for %s (%d tokens; once, cached in %s)", corpus, target.name,
-             datastore.manifest["tokens"], directory)
-    started = time.perf_counter()
-    automaton = StaticSuffixAutomaton.build(documents, eos)
-    automaton.save(directory, source={"corpus": corpus, "tokenizer": target.tokenizer_fingerprint,
-                                      "build_s": round(time.perf_counter() - started, 1)})
-    return StaticSuffixAutomaton.load(directory)
+
+    def build() -> None:
+        datastore = statistics_datastore(target, "auto", corpus, cache_dir)
+        documents = _datastore_documents(datastore.tokens)
+        documents.extend(np.array([token], dtype=np.int32) for token in range(vocab))
+        log.info("building the suffix automaton of %s for %s (%d tokens)", corpus, target.name,
+                 datastore.manifest["tokens"])
+        started = time.perf_counter()
+        automaton = StaticSuffixAutomaton.build(documents, eos)
+        automaton.save(directory, source={"corpus": corpus, "tokenizer": target.tokenizer_fingerprint,
+                                          "build_s": round(time.perf_counter() - started, 1)})
+
+    return load_or_rebuild(directory, f"suffix automaton of {corpus} for {target.name}",
+                           lambda: StaticSuffixAutomaton.load(directory, vocab_size=vocab), build)
 
 
 def _eos_token(target) -> int:
@@ -149,7 +152,11 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
 
     def prepare(self, target, sampling=None) -> None:
         if self.automaton_path is not None:
-            self.static = StaticSuffixAutomaton.load(self.automaton_path)
+            from specbench.datastores.build import vocab_size
+
+            fix = ("point drafter.automaton at a whole automaton, or set drafter.automaton=null "
+                   f"drafter.corpus={self.corpus or 'python-docs'} to build the corpus's automaton in the cache")
+            self.static = StaticSuffixAutomaton.load(self.automaton_path, vocab_size=vocab_size(target), fix=fix)
         elif self.corpus is not None:
             self.static = corpus_automaton(target, self.corpus, self.cache_dir)
         if self.auxiliary is not None:

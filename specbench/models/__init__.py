@@ -14,7 +14,7 @@ Each loader is a Hydra ``_target_`` (see ``conf/model/``) and returns a ``Loaded
 The names are re-exported here, so ``from specbench.models import load_gguf`` works.
 """
 
-from specbench.models.cache import cache_root, cached_path
+from specbench.models.cache import cache_root, cached_path, file_digest
 from specbench.models.devices import DTYPES, resolve_device, resolve_dtype
 from specbench.models.gguf import load_embedded_gguf, load_gguf
 from specbench.models.hub import load_pretrained
@@ -30,6 +30,7 @@ __all__ = [
     "build_tiny_random",
     "cache_root",
     "cached_path",
+    "file_digest",
     "finish_loading",
     "load_embedded_gguf",
     "load_gguf",

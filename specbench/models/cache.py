@@ -21,3 +21,13 @@ def cached_path(cache_dir: str | None, kind: str, stem: str, settings: dict, suf
     of the name, so that an artefact is never reused for other settings."""
     digest = hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return cache_root(cache_dir) / kind / f"{stem}-{digest}{suffix}"
+
+
+def file_digest(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
+    """SHA-256 of a file's content, read in chunks (about 1 s per GB): caches built from a file are keyed by
+    what it holds, not by its path, so an edited file never reuses what was built from its old content."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()

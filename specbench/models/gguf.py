@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
-from specbench.models.cache import cache_root
+from specbench.models.cache import cache_root, file_digest
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 
@@ -49,6 +50,86 @@ def load_embedded_gguf(
                      source=f"{pip_name}:{gguf_file}")
 
 
+CHECKSUM_FILE = "specbench-checksums.json"
+
+
+def convert_gguf(file: Path, converted: Path, torch_dtype) -> None:
+    """Dequantize the GGUF ``file`` into a regular checkpoint at ``converted``: written to a staging directory,
+    with the SHA-256 of every file recorded last, then renamed into place, so that a killed conversion never
+    leaves a copy that looks complete."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    require_writable(converted.parent, "the converted model copy")
+    log.info("converting %s to a %s checkpoint in %s (once; later loads use this copy)", file.name, torch_dtype, converted)
+    tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch_dtype)
+    # save_pretrained refuses a model that still claims to be quantized; the weights are dequantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    try:
+        write_checked_copy(converted, lambda staging: (model.save_pretrained(staging), tokenizer.save_pretrained(staging)))
+    except OSError as error:
+        raise SpecbenchError(f"cannot write the converted model to {converted.parent} ({error.strerror or error}); "
+                             "free space there or point SPECBENCH_CACHE (or model.cache_dir) elsewhere") from None
+
+
+def write_checked_copy(directory: Path, write) -> None:
+    """``write(staging)`` into a staging directory next to ``directory``, record every file's size and SHA-256
+    in CHECKSUM_FILE (last: a copy without it is unfinished), then rename the staging directory into place."""
+    staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        write(staging)
+        checksums = {path.name: {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+                     for path in sorted(staging.iterdir()) if path.is_file()}
+        (staging / CHECKSUM_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
+        if directory.exists():
+            shutil.rmtree(directory)
+        staging.replace(directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def converted_copy_problem(converted: Path) -> str | None:
+    """None when the converted copy at ``converted`` is whole: every file its checksums list is there with its
+    size and SHA-256 (about a second per GB: cheap next to loading). "missing" when there is no copy, else what
+    is wrong with it."""
+    checksum_file = converted / CHECKSUM_FILE
+    if not converted.is_dir():
+        return "missing"
+    if not checksum_file.is_file():
+        return f"no {CHECKSUM_FILE}: an older or unfinished conversion"
+    try:
+        checksums = json.loads(checksum_file.read_text())
+        expected = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in checksums.items()}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return f"{CHECKSUM_FILE} is damaged"
+    for name, (size, sha256) in expected.items():
+        path = converted / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, not {size}"
+        if file_digest(path) != sha256:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def require_writable(directory: Path, what: str) -> None:
+    """Fail at once, naming ``directory``, when ``what`` cannot be written there (before minutes of work)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SpecbenchError(f"cannot create {directory} for {what} ({error.strerror}); point SPECBENCH_CACHE (or "
+                             "model.cache_dir) at a writable directory") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SpecbenchError(f"{directory} is not writable, and {what} must be written there; point SPECBENCH_CACHE "
+                             "(or model.cache_dir) at a writable directory")
+
+
 def load_gguf(
     name: str,
     gguf_path: str,
@@ -79,19 +160,12 @@ def load_gguf(
     stat = file.stat()
     key = hashlib.sha1(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}".encode()).hexdigest()[:12]
     converted = cache_root(cache_dir) / "models" / f"{name}-{str(torch_dtype).removeprefix('torch.')}-{key}"
-    if not (converted / "config.json").is_file():
-        log.info("converting %s to a %s checkpoint in %s (once; later loads use this copy)", file.name, torch_dtype, converted)
-        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
-        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch_dtype)
-        # save_pretrained refuses a model that still claims to be quantized; the weights are dequantized.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        staging = converted.with_name(converted.name + f".partial-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        staging.replace(converted)
+    problem = converted_copy_problem(converted)
+    if problem is not None:
+        if problem != "missing":
+            log.warning("the converted copy of %s in %s is damaged (%s); converting it again", file.name, converted,
+                        problem)
+        convert_gguf(file, converted, torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(converted, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         converted, dtype=torch_dtype, local_files_only=True, attn_implementation="sdpa"

@@ -32,6 +32,10 @@ def load_pretrained(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if path is not None and not str(path).strip():
+        # An empty path would fall through to hub_id and fail there, with a message about something else.
+        raise SpecbenchError(f"model {name!r}: its path is empty; give a checkpoint directory "
+                             f"(model.path=/dir/of/checkpoint) or leave it null to load hub id {hub_id}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     if path:
@@ -51,9 +55,15 @@ def load_pretrained(
 
     try:
         tokenizer, model = load(local_only=True)
-    except OSError as error:
+    except Exception as error:  # from a directory the user named, any failure to load is the directory's
         if path:
-            raise SpecbenchError(f"model.path={path} does not hold a loadable model: {error}") from error
+            raise SpecbenchError(_unloadable_message(f"model.path={path}", Path(source), error)) from error
+        if not isinstance(error, OSError):  # OSError: not in the cache; anything else may be a damaged copy
+            snapshot = _cached_snapshot(hub_id, revision)
+            if snapshot is None or not _damaged_weight_files(snapshot):
+                raise
+            advice = f"download it again: `hf download {hub_id} --force-download`"
+            raise SpecbenchError(_unloadable_message(f"model {name!r} ({hub_id})", snapshot, error, advice)) from error
         if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
             raise SpecbenchError(_unavailable_message(name, hub_id)) from error
         log.info("%s is not in the local Hugging Face cache; downloading %s", name, hub_id)
@@ -63,6 +73,48 @@ def load_pretrained(
             raise SpecbenchError(_unavailable_message(name, hub_id)) from download_error
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source, linear_backend,
                           family)
+
+
+def _unloadable_message(what: str, directory: Path, error: Exception,
+                        advice: str = "download or build the checkpoint again") -> str:
+    """One line naming the damaged weight file when there is one (a truncated download, a full disk), else the
+    loader's own error."""
+    damaged = _damaged_weight_files(directory)
+    if damaged:
+        file, file_error = damaged[0]
+        return f"{what}: weight file {file} is damaged or truncated ({_one_line(file_error)}); {advice}"
+    return f"{what} does not hold a loadable model ({_one_line(error)})"
+
+
+def _damaged_weight_files(directory: Path) -> list[tuple[Path, Exception]]:
+    """The ``.safetensors`` files of ``directory`` that do not open; opening reads only the header and checks
+    that the file is as long as the header says, so it is cheap and catches truncation."""
+    from safetensors import safe_open
+
+    damaged = []
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as error:  # safetensors raises its own SafetensorError, or OSError for unreadable files
+            damaged.append((file, error))
+    return damaged
+
+
+def _cached_snapshot(hub_id: str, revision: str | None) -> Path | None:
+    """The directory of a hub model's files in the local Hugging Face cache, or None."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(hub_id, revision=revision, local_files_only=True))
+    except Exception:  # not cached, or the cache is unreadable: nothing to point at
+        return None
+
+
+def _one_line(error: Exception, limit: int = 300) -> str:
+    text = " ".join(str(error).split())
+    text = text if len(text) <= limit else text[:limit - 3] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _hub_reachable(timeout_s: float = 5.0) -> bool:

@@ -26,6 +26,7 @@ class LoadedModel:
     source: str
     family: str | None = None
     _fingerprint: str | None = None
+    _weights_fingerprint: str | None = None
 
     @property
     def device(self) -> torch.device:
@@ -44,6 +45,12 @@ class LoadedModel:
             self._fingerprint = tokenizer_fingerprint(self.tokenizer)
         return self._fingerprint
 
+    @property
+    def weights_fingerprint(self) -> str:
+        if self._weights_fingerprint is None:
+            self._weights_fingerprint = weights_fingerprint(self.model)
+        return self._weights_fingerprint
+
     def decode(self, token_ids) -> str:
         """Answer text as Spec-Bench stores it: special tokens dropped, surrounding whitespace stripped."""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
@@ -54,6 +61,26 @@ def tokenizer_fingerprint(tokenizer) -> str:
     target whose tokenizer has the same fingerprint."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def weights_fingerprint(model: torch.nn.Module, samples_per_tensor: int = 4096) -> str:
+    """A short hash of a model's weights: every parameter's and buffer's name, shape and dtype, and up to
+    ``samples_per_tensor`` of its values at evenly spaced positions. Reading a sample keeps it to milliseconds
+    for a 7B model on a GPU; two different checkpoints, seeds or precisions differ in it (damage to a cached
+    file is caught by the file checksum, see ``specbench.models.gguf``)."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            tensor = tensor.detach()
+            if tensor.is_mkldnn:  # weights packed for oneDNN's kernels (run.linear_backend)
+                tensor = tensor.to_dense()
+            flat = tensor.reshape(-1)
+            if flat.numel() > samples_per_tensor:
+                # integer steps: float positions round past the end of tensors of tens of millions of values
+                flat = flat[torch.arange(samples_per_tensor, device=flat.device) * (flat.numel() - 1) // (samples_per_tensor - 1)]
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            digest.update(flat.to("cpu", torch.float32).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:

@@ -1,0 +1,323 @@
+"""Results that cannot silently mix: run.json covers every setting, a run directory holds one run at a time, a
+damaged converted model heals, cut lines are dropped, long prompts are skipped, busy machines are flagged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import specbench.models.tiny as tiny_module
+from specbench.config import compose, group_options
+from specbench.errors import SpecbenchError
+from specbench.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
+from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem, write_checked_copy
+from specbench.records import RunDirectory, format_summary_table, read_answers
+from specbench.runlock import LOCK_NAME, RunLock
+from specbench.runner import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings, run_benchmark
+
+TINY = ["model=tiny-random", "run.max_new_tokens=8", "task.tasks=[qa]", "task.limit_per_task=1", "run.warmup_runs=0"]
+
+
+def snapshot(directory: Path) -> dict:
+    """Every file under ``directory`` with its bytes and modification time, but the lock file (locking it
+    writes the holder into it, and releasing it empties it again)."""
+    return {str(path.relative_to(directory)): (path.read_bytes(), path.stat().st_mtime_ns)
+            for path in sorted(directory.rglob("*")) if path.is_file() and path.name != LOCK_NAME}
+
+
+def leaf_keys(node, prefix=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from leaf_keys(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1]
+
+
+# --- run.json covers every setting -------------------------------------------------------------------------
+
+def test_every_key_of_every_config_is_recorded_or_listed_as_not_affecting_results():
+    """A key added to any model, drafter, task or run config is recorded in run.json unless NOT_RESULT_SETTINGS
+    names it with a reason; so resuming with it changed is refused."""
+    from omegaconf import OmegaConf
+
+    used_exclusions = set()
+    for group in ("model", "drafter", "task"):
+        for option in group_options(group):
+            cfg = compose([f"{group}={option}"])
+            recorded = config_settings(cfg)
+            node = OmegaConf.to_container(cfg[group], resolve=True)
+            for key in node:
+                dotted = f"{group}.{key}"
+                if dotted in NOT_RESULT_SETTINGS:
+                    used_exclusions.add(dotted)
+                    assert key not in recorded[RESULT_GROUPS[group]]
+                else:
+                    assert recorded[RESULT_GROUPS[group]][key] == node[key], dotted
+    run_node = OmegaConf.to_container(compose([]).run, resolve=True)
+    assert config_settings(compose([]))["run"] == run_node
+    assert used_exclusions == set(NOT_RESULT_SETTINGS)  # no stale entry
+
+
+def test_resuming_with_another_model_is_refused_before_loading_and_touches_nothing(tmp_path, monkeypatch):
+    run_benchmark(compose(TINY), str(tmp_path))
+    before = snapshot(tmp_path)
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(tiny_module, "build_tiny_random", must_not_load)
+    for changed in (["model.num_layers=4", "model.hidden_size=128"], ["run.max_draft_tokens=4"],
+                    ["run.warmup_max_new_tokens=4"], ["model.prompt_format=chat_template"]):
+        with pytest.raises(SpecbenchError, match="other settings") as refused:
+            run_benchmark(compose([*TINY, *changed]), str(tmp_path))
+        shown = changed[0].split("=")[0].replace("model.", "model_config.")  # run.json's name of the group
+        assert f"{shown}: " in str(refused.value)
+    assert snapshot(tmp_path) == before
+
+
+def test_other_weights_under_the_same_settings_are_refused(tmp_path, monkeypatch):
+    """Weights the configuration does not pin (a checkpoint directory rewritten in place) are caught by the
+    weights fingerprint, after loading and still without touching the directory."""
+    run_benchmark(compose(TINY), str(tmp_path))
+    before = snapshot(tmp_path)
+    original = tiny_module.build_tiny_random
+
+    def retrained(*args, **kwargs):
+        loaded = original(*args, **kwargs)
+        with torch.no_grad():
+            next(loaded.model.parameters()).add_(0.01)
+        return loaded
+
+    monkeypatch.setattr(tiny_module, "build_tiny_random", retrained)
+    with pytest.raises(SpecbenchError, match="weights_fingerprint"):
+        run_benchmark(compose([*TINY, "task.limit_per_task=2"]), str(tmp_path))  # a question left to run
+    assert snapshot(tmp_path) == before
+
+
+def test_an_empty_or_cut_run_json_is_one_line_naming_it(tmp_path):
+    run_benchmark(compose(TINY), str(tmp_path))
+    for damaged in ("", '{"schema_version": 3, "mod'):
+        (tmp_path / "run.json").write_text(damaged)
+        with pytest.raises(SpecbenchError, match="run.json is empty or damaged"):
+            run_benchmark(compose([*TINY, "task.limit_per_task=2"]), str(tmp_path))
+
+
+def test_a_cli_run_refused_for_its_settings_leaves_hydra_files_and_log_alone(tmp_path):
+    """Hydra used to rewrite .hydra/overrides.yaml before specbench refused the run, and analysis then labelled
+    the old results with the refused overrides."""
+    def cli(*overrides):
+        return subprocess.run([sys.executable, "-m", "specbench", *TINY, f"hydra.run.dir={tmp_path}", *overrides],
+                              capture_output=True, text=True, timeout=600)
+
+    first = cli()
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / ".hydra" / "overrides.yaml").is_file() and (tmp_path / "specbench.log").is_file()
+    before = snapshot(tmp_path)
+    refused = cli("model.num_layers=4")
+    assert refused.returncode == 2 and "model_config.num_layers: 2 -> 4" in refused.stderr
+    assert snapshot(tmp_path) == before
+    unknown_option = cli("drafter=nope")  # Hydra's own config error: the same exit status as specbench's
+    assert unknown_option.returncode == 2
+
+
+# --- one run per directory -------------------------------------------------------------------------------
+
+def test_a_second_run_into_a_locked_directory_is_refused_naming_the_holder(tmp_path):
+    with RunLock(tmp_path) as held:
+        held.keep()
+        with pytest.raises(SpecbenchError, match=rf"in use by another run \(pid {os.getpid()} on "):
+            run_benchmark(compose(TINY), str(tmp_path))
+    assert not (tmp_path / "answers.jsonl").exists()
+    run_benchmark(compose(TINY), str(tmp_path))  # released: the run goes ahead
+    assert len(read_answers(tmp_path)) == 1
+
+
+def test_two_processes_cannot_run_into_one_directory(tmp_path):
+    """Both exited 0 before, with every answer written twice. The first process holds the directory through a
+    long warm-up; the second run, started meanwhile, is refused naming it."""
+    overrides = [*TINY, "task.limit_per_task=3", "run.warmup_runs=40"]
+    first = subprocess.Popen([sys.executable, "-m", "specbench", *overrides, f"hydra.run.dir={tmp_path}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / LOCK_NAME).is_file() or not (tmp_path / LOCK_NAME).read_text():
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.05)
+    try:
+        with pytest.raises(SpecbenchError, match=rf"in use by another run \(pid {first.pid} on "):
+            run_benchmark(compose(overrides), str(tmp_path))
+        assert first.poll() is None, "the first run ended before the second was refused: the test proves nothing"
+    finally:
+        first.communicate(timeout=600)
+    assert first.returncode == 0
+    ids = [record["question_id"] for record in read_answers(tmp_path)]
+    assert len(ids) == len(set(ids)) == 3
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 999999, "host": "gone", "started": "2026-01-01T00:00:00"}))
+    with caplog.at_level("WARNING"):
+        run_benchmark(compose(TINY), str(tmp_path))
+    assert "no longer running (pid 999999 on gone" in caplog.text
+    assert len(read_answers(tmp_path)) == 1 and (tmp_path / LOCK_NAME).read_text() == ""
+
+
+def test_a_lock_refused_on_a_new_directory_leaves_nothing_behind(tmp_path):
+    target = tmp_path / "new"
+    with RunLock(target):
+        pass  # released without keep(): the run was refused after locking
+    assert not target.exists()
+
+
+# --- interrupted writes ---------------------------------------------------------------------------------
+
+def test_a_cut_inside_a_multibyte_character_is_dropped_and_the_run_resumes(tmp_path, caplog):
+    run_benchmark(compose(TINY), str(tmp_path))
+    answers = tmp_path / "answers.jsonl"
+    whole = answers.read_bytes()
+    record = json.loads(whole)
+    record["question_id"] = "cut"
+    record["choices"][0]["turns"] = ["éèà 漢字"]
+    cut = json.dumps(record, ensure_ascii=False).encode()
+    cut = cut[: cut.index("漢".encode()) + 1]  # one byte into a three-byte character
+    answers.write_bytes(whole + cut)
+    with caplog.at_level("WARNING"):
+        assert len(read_answers(tmp_path)) == 1
+    assert "answers.jsonl: the last line is incomplete" in caplog.text
+    summary = run_benchmark(compose([*TINY, "task.limit_per_task=2"]), str(tmp_path))
+    assert summary["tasks"]["overall"]["questions"] == 2
+    assert answers.read_bytes().endswith(b"\n") and len(read_answers(tmp_path)) == 2
+
+
+# --- prompts longer than the context ---------------------------------------------------------------------
+
+def test_a_question_longer_than_the_context_is_skipped_recorded_and_passed_on_resume(tmp_path):
+    questions = tmp_path / "questions.jsonl"
+    rows = [{"question_id": 1, "category": "qa", "turns": ["short question"]},
+            {"question_id": 2, "category": "qa", "turns": ["long " * 400]},
+            {"question_id": 3, "category": "qa", "turns": ["another short one"]}]
+    questions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = compose(["model=tiny-random", "model.max_context=256", "run.max_new_tokens=8", "run.warmup_runs=0",
+                   f"task.path={questions}", "task.tasks=[qa]"])
+    summary = run_benchmark(cfg, str(tmp_path / "run"))
+    assert summary["tasks"]["overall"]["questions"] == 2
+    assert [item["question_id"] for item in summary["skipped"]] == [2]
+    assert "more than tiny-random's context of 256" in summary["skipped"][0]["reason"]
+    assert "skipped 1 question(s): 2: question 2 turn 1" in format_summary_table(summary)
+    again = run_benchmark(cfg, str(tmp_path / "run"))  # finished: nothing left to run, the skip stays recorded
+    assert [item["question_id"] for item in again["skipped"]] == [2]
+
+
+# --- converted model copies ------------------------------------------------------------------------------
+
+def write_fake_checkpoint(staging: Path) -> None:
+    (staging / "model.safetensors").write_bytes(bytes(range(256)) * 4096)
+    (staging / "config.json").write_text("{}")
+
+
+def test_a_damaged_converted_copy_is_detected(tmp_path):
+    copy = tmp_path / "model"
+    write_checked_copy(copy, write_fake_checkpoint)
+    assert converted_copy_problem(copy) is None
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[1000:2000] = bytes(1000)  # overwritten in place, same size
+    weights.write_bytes(bytes(data))
+    assert "does not match its checksum" in converted_copy_problem(copy)
+    weights.write_bytes(bytes(data[:5000]))
+    assert "has 5000 bytes" in converted_copy_problem(copy)
+    (copy / CHECKSUM_FILE).write_text("{")
+    assert "damaged" in converted_copy_problem(copy)
+    assert converted_copy_problem(tmp_path / "absent") == "missing"
+
+
+def test_a_killed_conversion_leaves_no_copy_that_looks_complete(tmp_path):
+    copy = tmp_path / "model"
+
+    def killed(staging: Path) -> None:
+        write_fake_checkpoint(staging)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_checked_copy(copy, killed)
+    assert converted_copy_problem(copy) == "missing"
+
+
+@pytest.mark.slow
+def test_the_embedded_model_heals_a_damaged_cached_copy(tmp_path, caplog):
+    """End to end on SmolLM2: overwrite 1 MB inside the cached model.safetensors; the next load says the copy is
+    damaged, converts it again and decodes as before."""
+    from hydra.utils import instantiate
+
+    node = compose(["model=smollm2-135m", f"model.cache_dir={tmp_path}"]).model
+    first = instantiate(node, device="cpu")
+    fingerprint = first.weights_fingerprint
+    (weights,) = list(tmp_path.glob("models/*/model.safetensors"))
+    with open(weights, "r+b") as handle:
+        handle.seek(weights.stat().st_size // 2)
+        handle.write(os.urandom(1 << 20))
+    with caplog.at_level("WARNING"):
+        second = instantiate(node, device="cpu")
+    assert "is damaged (model.safetensors does not match its checksum); converting it again" in caplog.text
+    assert second.weights_fingerprint == fingerprint and converted_copy_problem(weights.parent) is None
+
+
+# --- busy machines ---------------------------------------------------------------------------------------
+
+def test_safe_threads_leaves_busy_cores_alone():
+    assert safe_threads(2, 0.0) == 2
+    assert safe_threads(2, 1.0) == 1
+    assert safe_threads(2, 1.9) == 1
+    assert safe_threads(16, 3.1) == 13 and safe_threads(16, 3.5) == 12  # a blip under a quarter core is noise
+    assert safe_threads(2, None) == 2
+    assert is_contended(1.0, threads=2, cores=2) and not is_contended(1.0, threads=1, cores=2)
+    assert not is_contended(0.2, threads=2, cores=2) and not is_contended(None, threads=2, cores=2)
+
+
+def test_the_meter_sees_another_process_spinning_a_core():
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.5)
+        busy = ContentionMeter().sample(1.5)
+    finally:
+        spinner.wait()
+    if busy is None:
+        pytest.skip("no /proc/stat here")
+    assert busy >= 0.6
+
+
+def answer(question_id, tokens, seconds, other_cores=None):
+    return {"question_id": question_id, "choices": [{"new_tokens": [tokens], "wall_time": [seconds]}],
+            "specbench": {"contention": {"other_cores": other_cores}}}
+
+
+def test_a_run_on_a_busy_machine_is_flagged_in_summary_and_table():
+    check = TimingCheck(threads=2, usable_cores=2, other_load_at_start=0.0)
+    quiet = [answer(q, 100, 4.0, 0.1) for q in (1, 2, 3)]
+    assert check.report(quiet, quiet) == {"trustworthy": True, "warnings": [], "threads": 2, "usable_cores": 2,
+                                          "other_load": 0.0}
+    busy = [*quiet, answer(4, 100, 4.0, 1.0)]
+    report = check.report(busy, busy)
+    assert not report["trustworthy"] and report["warnings"] == ["question 4: other processes kept 1.0 of 2 cores busy"]
+    collapsed = [*quiet, answer(5, 100, 200.0, 0.1)]  # AR at 0.5 tok/s against 25
+    assert "question 5: AR ran at 0.5 tok/s" in check.report(quiet, collapsed)["warnings"][0]
+    started_busy = TimingCheck(threads=2, usable_cores=2, other_load_at_start=1.0).report(quiet, quiet)
+    assert "at start other processes kept 1.0 of 2 cores busy" in started_busy["warnings"][0]
+    summary = {"tasks": {}, "timing": report}
+    assert "TIMINGS UNTRUSTWORTHY (busy machine, 1 warning(s)): question 4" in format_summary_table(summary)
+
+
+def test_summaries_record_the_timing_check_and_each_question_its_contention(tmp_path):
+    summary = run_benchmark(compose(TINY), str(tmp_path))
+    assert set(summary["timing"]) == {"trustworthy", "warnings", "threads", "usable_cores", "other_load"}
+    assert summary["timing"]["threads"] == torch.get_num_threads()
+    (record,) = read_answers(tmp_path)
+    assert set(record["specbench"]["contention"]) == {"other_cores", "threads", "usable_cores"}
+    settings = json.loads((tmp_path / "run.json").read_text())
+    assert settings["threads"] == summary["timing"]["threads"] and len(settings["weights_fingerprint"]) == 16
