@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
-from specbench.models.cache import cache_root, file_digest
+from specbench.models.cache import cache_root, file_records, verify_files
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 
@@ -82,8 +82,7 @@ def write_checked_copy(directory: Path, write) -> None:
     staging.mkdir(parents=True)
     try:
         write(staging)
-        checksums = {path.name: {"bytes": path.stat().st_size, "sha256": file_digest(path)}
-                     for path in sorted(staging.iterdir()) if path.is_file()}
+        checksums = file_records(staging, skip=(CHECKSUM_FILE,))
         (staging / CHECKSUM_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
         if directory.exists():
             shutil.rmtree(directory)
@@ -94,28 +93,21 @@ def write_checked_copy(directory: Path, write) -> None:
 
 
 def converted_copy_problem(converted: Path) -> str | None:
-    """None when the converted copy at ``converted`` is whole: every file its checksums list is there with its
-    size and SHA-256 (about a second per GB: cheap next to loading). "missing" when there is no copy, else what
-    is wrong with it."""
+    """None when the converted copy at ``converted`` is whole: every file its CHECKSUM_FILE lists is there, of its
+    size, and (when its modification time changed) of its SHA-256 (``cache.verify_files``, as for databases).
+    "missing" when there is no copy, else what is wrong with it."""
     checksum_file = converted / CHECKSUM_FILE
     if not converted.is_dir():
         return "missing"
     if not checksum_file.is_file():
         return f"no {CHECKSUM_FILE}: an older or unfinished conversion"
     try:
-        checksums = json.loads(checksum_file.read_text())
-        expected = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in checksums.items()}
-    except (ValueError, TypeError, KeyError, AttributeError):
+        records = json.loads(checksum_file.read_text())
+    except ValueError:
+        records = None
+    if not isinstance(records, dict) or not records:
         return f"{CHECKSUM_FILE} is damaged"
-    for name, (size, sha256) in expected.items():
-        path = converted / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, not {size}"
-        if file_digest(path) != sha256:
-            return f"{name} does not match its checksum"
-    return None
+    return verify_files(converted, {"files": records})
 
 
 def require_writable(directory: Path, what: str) -> None:
