@@ -127,6 +127,27 @@ def test_a_cli_run_refused_for_its_settings_leaves_hydra_files_and_log_alone(tmp
     assert unknown_option.returncode == 2
 
 
+def test_a_run_directory_that_cannot_be_created_is_one_line(tmp_path):
+    """Hydra creates the directory before specbench starts; its OSError was a traceback with exit status 1."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = subprocess.run([sys.executable, "-m", "specbench", *TINY, f"hydra.run.dir={blocker}/run"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"specbench: error: cannot create the run directory: Not a directory: {blocker}/run")
+
+
+def test_a_cache_that_cannot_be_written_is_named_before_converting(tmp_path):
+    """The conversion used to fail after 19 s of work without naming the path."""
+    from specbench.models.gguf import require_writable
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SpecbenchError, match=rf"cannot create {blocker}/models for the converted model copy"):
+        require_writable(blocker / "models", "the converted model copy")
+
+
 # --- one run per directory -------------------------------------------------------------------------------
 
 def test_a_second_run_into_a_locked_directory_is_refused_naming_the_holder(tmp_path):
