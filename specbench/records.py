@@ -217,13 +217,9 @@ def _read_steps(path: Path) -> pd.DataFrame:
                              "held (their answers are then re-run too)") from None
 
 
-def _read_answer_lines(path: Path) -> list[dict]:
-    return read_jsonl_records(path, "answer record")
-
-
 def read_answers(run_dir: str | Path) -> list[dict]:
     """The method's answer records of a run directory (none when it has no answers yet)."""
-    return _read_answer_lines(Path(run_dir) / "answers.jsonl")
+    return read_jsonl_records(Path(run_dir) / "answers.jsonl", "answer record")
 
 
 class RunDirectory:
@@ -287,8 +283,8 @@ class RunDirectory:
         return {record["question_id"] for record in read_jsonl_records(self.skipped_file, "skipped-question record")}
 
     def _read(self):
-        answers = _read_answer_lines(self.answers_file)
-        baseline = _read_answer_lines(self.baseline_file)
+        answers = read_jsonl_records(self.answers_file, "answer record")
+        baseline = read_jsonl_records(self.baseline_file, "answer record")
         steps = _read_steps(self.steps_file)
         finished = {record["question_id"] for record in answers} & set(steps["question_id"].tolist())
         if self.with_baseline:

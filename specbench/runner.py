@@ -215,12 +215,13 @@ def earlier_settings(output_dir: str | Path) -> dict | None:
     return earlier
 
 
-def check_resumable(output_dir: str | Path, settings: dict, keys=None) -> None:
-    """Refuse, without touching anything, to continue a run directory whose run.json has other settings."""
-    earlier = earlier_settings(output_dir)
+def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict) -> None:
+    """Refuse, without touching anything, to continue a run directory whose run.json (``earlier``) differs in
+    ``settings``' keys. The rest (weights, dtype, device, threads, software) is checked by RunDirectory.open
+    once the model is loaded, before anything is written."""
     if earlier is None:
         return
-    changed = settings_differences(earlier, settings, keys or sorted(settings))
+    changed = settings_differences(earlier, settings, sorted(settings))
     if changed:
         raise SpecbenchError(f"{output_dir} holds results of a run with other settings ({'; '.join(changed)}); "
                              "choose another hydra.run.dir or remove that directory")
@@ -239,7 +240,7 @@ def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt]) 
     return read_json_file(summary_file, "summary of the run in that directory")
 
 
-def choose_threads(settings: RunSettings, output_dir: str) -> tuple[int, TimingCheck]:
+def choose_threads(settings: RunSettings, earlier: dict | None) -> tuple[int, TimingCheck]:
     """torch's thread count for this run and what the machine looked like at start. ``run.threads: null`` takes
     the count an earlier session of this run directory used (so the run resumes on equal terms), else one per
     usable core that other processes leave free (``specbench.machine.safe_threads``)."""
@@ -248,7 +249,6 @@ def choose_threads(settings: RunSettings, output_dir: str) -> tuple[int, TimingC
     if settings.threads is not None:
         threads = settings.threads
     else:
-        earlier = earlier_settings(output_dir)
         threads = earlier["threads"] if earlier and isinstance(earlier.get("threads"), int) else safe_threads(cores, other)
         if other and threads > safe_threads(cores, other):
             log.warning("other processes keep %.1f of %g cores busy; this run resumes with the %d threads it began "
@@ -269,12 +269,13 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
     questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
     wanted = config_settings(cfg)
     # Everything the configuration fixes is checked before anything is loaded or written.
-    check_resumable(output_dir, wanted)
+    earlier = earlier_settings(output_dir)
+    check_resumable(output_dir, earlier, wanted)
     finished_summary = already_finished(cfg, output_dir, questions)
     if finished_summary is not None:
         log.info("%s: every selected question is already done; nothing to run", output_dir)
         return finished_summary
-    threads, timing = choose_threads(settings, output_dir)
+    threads, timing = choose_threads(settings, earlier)
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)
 
@@ -283,10 +284,8 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
         model: LoadedModel = build(cfg.model, device=settings.device, linear_backend=settings.linear_backend)
         sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
         drafter.prepare(model, sampling)
-        run_settings = {**wanted, **loaded_settings(model, drafter)}
-        check_resumable(output_dir, run_settings)  # the weights, dtype, device, threads and software
         run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
-        finished = run_dir.open(run_settings)
+        finished = run_dir.open({**wanted, **loaded_settings(model, drafter)})  # checks the loaded part too
         lock.keep()
         if on_open is not None:
             on_open(run_dir.path)
@@ -297,7 +296,7 @@ def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, s
              run_dir: RunDirectory, finished: set, questions: list[Prompt], timing: TimingCheck) -> dict:
     """Decode every pending question by the method and the baseline, recording each as it finishes."""
     output_dir = run_dir.path
-    skipped = run_dir.skipped_ids()
+    skipped = {record["question_id"] for record in run_dir.skipped}
     pending = [prompt for prompt in questions if prompt.question_id not in finished and prompt.question_id not in skipped]
     baseline = NoDraft()
     dtype = str(model.dtype).removeprefix("torch.")

@@ -17,7 +17,8 @@ import specbench.models.tiny as tiny_module
 from specbench.config import compose, group_options
 from specbench.errors import SpecbenchError
 from specbench.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
-from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem, write_checked_copy
+from specbench.datastores.storage import replace_directory
+from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem
 from specbench.records import format_summary_table, read_answers
 from specbench.runlock import LOCK_NAME, RunLock
 from specbench.runner import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings, run_benchmark
@@ -140,12 +141,12 @@ def test_a_run_directory_that_cannot_be_created_is_one_line(tmp_path):
 
 def test_a_cache_that_cannot_be_written_is_named_before_converting(tmp_path):
     """The conversion used to fail after 19 s of work without naming the path."""
-    from specbench.models.gguf import require_writable
+    from specbench.models.gguf import convert_gguf
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(SpecbenchError, match=rf"cannot create {blocker}/models for the converted model copy"):
-        require_writable(blocker / "models", "the converted model copy")
+    with pytest.raises(SpecbenchError, match=rf"cannot build {blocker}/models/copy: {blocker} is not a writable directory"):
+        convert_gguf(tmp_path / "never-read.gguf", blocker / "models" / "copy", torch.float32)
 
 
 # --- one run per directory -------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def write_fake_checkpoint(staging: Path) -> None:
 
 def test_a_damaged_converted_copy_is_detected(tmp_path):
     copy = tmp_path / "model"
-    write_checked_copy(copy, write_fake_checkpoint)
+    replace_directory(copy, write_fake_checkpoint, {})
     assert converted_copy_problem(copy) is None
     weights = copy / "model.safetensors"
     time.sleep(0.05)  # a later write gets a later modification time (file times advance in ticks of a few ms)
@@ -267,7 +268,7 @@ def test_a_killed_conversion_leaves_no_copy_that_looks_complete(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        write_checked_copy(copy, killed)
+        replace_directory(copy, killed, {})
     assert converted_copy_problem(copy) == "missing"
 
 

@@ -87,10 +87,10 @@ def test_every_pass_feeds_the_auxiliary_whichever_source_drafted():
     top[:, 0] = 60 + np.arange(len(draft) + 1) % 8
     drafter.accept(np.array([6, 7]), StepOutcome(step=1, draft=draft, target_tokens=top[:, 0], accepted_nodes=(0,),
                                                  target_top_ids=top))
-    assert drafter.auxiliary.successors[5].tolist() == top[0].tolist()  # the root's row
-    assert drafter.auxiliary.successors[6].tolist() == top[1].tolist()
+    assert drafter.recycling.successors[5].tolist() == top[0].tolist()  # the root's row
+    assert drafter.recycling.successors[6].tolist() == top[1].tolist()
     # an EOS accepted does not stop SAM-Decoding's update (unlike Token Recycling's own loop)
-    assert drafter.auxiliary.update_on_eos and drafter.auxiliary.reads_prompt_choices
+    assert drafter.recycling.update_on_eos and drafter.recycling.reads_prompt_choices
 
 
 def test_samd_settings_are_checked():

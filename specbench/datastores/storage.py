@@ -25,7 +25,7 @@ def replace_directory(directory: str | Path, write: Callable[[Path], None], mani
     """Call ``write(staging)`` on an empty staging directory next to ``directory``, add ``manifest.json``
     (written last, since loaders take its presence for a whole database) with a record of every file written
     (``file_records``), then swap it into place. An existing directory is replaced only if it holds a database
-    (a manifest.json or arrays), so that a mistyped output path never deletes other files."""
+    (a manifest.json or arrays: .npy, .npz, a model's .safetensors), so that a mistyped output path never deletes other files."""
     directory = Path(directory)
     if directory.exists() and not _holds_database(directory):
         raise SpecbenchError(f"{directory} exists and holds no database (no manifest.json or arrays): not replacing "
@@ -37,19 +37,24 @@ def replace_directory(directory: str | Path, write: Callable[[Path], None], mani
     except OSError as error:
         raise SpecbenchError(f"cannot write the database {directory} ({error.strerror}); choose a writable "
                              f"directory, or {CACHE_HINT}") from None
-    write(staging)
-    manifest = {**manifest, "files": file_records(staging)}
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    if directory.exists():
-        shutil.rmtree(directory)
-    staging.replace(directory)
+    try:
+        write(staging)
+        manifest = {**manifest, "files": file_records(staging)}
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if directory.exists():
+            shutil.rmtree(directory)
+        staging.replace(directory)
+    except BaseException:  # a failed or interrupted build leaves nothing behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _holds_database(directory: Path) -> bool:
     if not directory.is_dir():
         return False
     names = [path.name for path in directory.iterdir()]
-    return not names or "manifest.json" in names or any(name.endswith((".npy", ".npz")) for name in names)
+    return not names or "manifest.json" in names or any(name.endswith((".npy", ".npz", ".safetensors"))
+                                                        for name in names)
 
 
 def read_manifest(directory: Path, what: str, fix: str) -> dict:

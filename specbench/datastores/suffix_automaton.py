@@ -411,10 +411,9 @@ def _top_children(hash_keys, hash_values, count, first_edge, edge_token, edge_ne
 
 
 @numba.njit(cache=True)
-def _heap_push(heap, size, item, prob):
-    """heapq.heappush on item ids ordered by ``prob`` only (CPython's _siftdown), so ties go exactly where
-    heapq puts items that compare on the probability alone. Returns the new size."""
-    pos = size
+def _sift_into(heap, pos, item, prob):
+    """Move ``item`` from the hole at ``pos`` towards the root past parents of higher ``prob`` and place it
+    (CPython heapq's _siftdown, comparing on the probability alone)."""
     while pos > 0:
         parent_pos = (pos - 1) >> 1
         parent = heap[parent_pos]
@@ -424,6 +423,13 @@ def _heap_push(heap, size, item, prob):
             continue
         break
     heap[pos] = item
+
+
+@numba.njit(cache=True)
+def _heap_push(heap, size, item, prob):
+    """heapq.heappush on item ids ordered by ``prob`` only (CPython's _siftdown), so ties go exactly where
+    heapq puts items that compare on the probability alone. Returns the new size."""
+    _sift_into(heap, size, item, prob)
     return size + 1
 
 
@@ -444,15 +450,7 @@ def _heap_pop(heap, size, prob):
         heap[pos] = heap[child]
         pos = child
         child = 2 * pos + 1
-    while pos > 0:  # _siftdown(heap, 0, pos) with ``last``
-        parent_pos = (pos - 1) >> 1
-        parent = heap[parent_pos]
-        if prob[last] < prob[parent]:
-            heap[pos] = parent
-            pos = parent_pos
-            continue
-        break
-    heap[pos] = last
+    _sift_into(heap, pos, last, prob)  # _siftdown(heap, 0, pos) with ``last``
     return top
 
 

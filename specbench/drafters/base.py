@@ -16,6 +16,19 @@ def require_positive(**settings) -> None:
             raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")
 
 
+def require_non_negative(**settings) -> None:
+    """Reject a drafter setting that is not a non-negative integer, naming it."""
+    for key, value in settings.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise SpecbenchError(f"drafter.{key} must be a non-negative integer, got {value!r}")
+
+
+def require_choice(key: str, value, choices) -> None:
+    """Reject a drafter setting that is not one of ``choices``, listing them."""
+    if value not in choices:
+        raise SpecbenchError(f"drafter.{key}={value!r} is not known; choose one of: {', '.join(choices)}")
+
+
 def check_token_id(key: str, value) -> int | None:
     """A drafter setting that is a token id or null, checked: ``drafter.no_match_token must be ...``."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

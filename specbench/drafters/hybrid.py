@@ -23,7 +23,7 @@ import torch
 
 from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, StaticSuffixAutomaton
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.drafters.base import require_positive
+from specbench.drafters.base import require_choice, require_non_negative, require_positive
 from specbench.drafters.recycling import TokenRecycling
 from specbench.drafters.samd import FollowsContext, corpus_automaton
 from specbench.errors import SpecbenchError
@@ -90,8 +90,7 @@ class HybridDrafter(FollowsContext, Drafter):
                  cache_dir: str | None = None):
         require_positive(context_min_match=context_min_match, corpus_tokens=corpus_tokens,
                          corpus_min_match=corpus_min_match, label_max_match=label_max_match)
-        if not isinstance(context_tokens, int) or isinstance(context_tokens, bool) or context_tokens < 0:
-            raise SpecbenchError(f"drafter.context_tokens must be a non-negative integer, got {context_tokens!r}")
+        require_non_negative(context_tokens=context_tokens)
         self.name = name
         self.context_tokens = context_tokens
         self.context_min_match = context_min_match
@@ -112,9 +111,7 @@ class HybridDrafter(FollowsContext, Drafter):
             raise SpecbenchError(f"drafter.recycling_context must be 1 or 2 (tokens keying the top-k), "
                                  f"got {recycling_context!r}")
         self.recycling_context = recycling_context
-        if recycling_when not in RECYCLING_WHEN:
-            raise SpecbenchError(f"drafter.recycling_when={recycling_when!r} is not known; "
-                                 f"choose one of: {', '.join(RECYCLING_WHEN)}")
+        require_choice("recycling_when", recycling_when, RECYCLING_WHEN)
         self.recycling_when = recycling_when
         self.pairs: dict[tuple[int, int], np.ndarray] = {}  # (token before, token) -> the target's top-k after them
         if context_tokens == 0 and corpus is None and self.recycling is None:
@@ -127,11 +124,6 @@ class HybridDrafter(FollowsContext, Drafter):
             self.static = corpus_automaton(target, self.corpus, self.cache_dir)
         if self.recycling is not None:
             self.recycling.prepare(target)
-
-    def begin(self, prompt_ids: np.ndarray) -> None:
-        self.restart_automata()
-        if self.recycling is not None:
-            self.recycling.begin(prompt_ids)
 
     def _label(self, source: str, match: int) -> str:
         return f"{source}{min(match, self.label_max_match)}"
@@ -179,10 +171,8 @@ class HybridDrafter(FollowsContext, Drafter):
         return np.array(tokens, dtype=np.int64)
 
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
-        if self.recycling is None:
-            return
-        self.recycling.learn_step(self._root, accepted_ids, outcome)
-        if self.recycling_context == 2 and outcome.step > 0:
+        super().accept(accepted_ids, outcome)  # Token Recycling's matrix learns from the pass
+        if self.recycling is not None and self.recycling_context == 2 and outcome.step > 0:
             draft_tokens = outcome.draft.token_ids.numpy()
             top = outcome.target_top_ids
             tokens = [self._root, *draft_tokens.tolist()]

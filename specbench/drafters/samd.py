@@ -32,7 +32,7 @@ import torch
 from specbench.datastores.suffix_array import SEPARATOR
 from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, StaticSuffixAutomaton
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.drafters.base import require_positive
+from specbench.drafters.base import require_choice, require_non_negative, require_positive
 from specbench.drafters.recycling import TokenRecycling
 from specbench.errors import SpecbenchError
 
@@ -86,17 +86,27 @@ def _datastore_documents(tokens: np.ndarray) -> list[np.ndarray]:
 class FollowsContext:
     """Keeps a context automaton (``self.context``) and an optional corpus automaton (``self.static``) in step
     with a decode: they hold every context token but the newest, which is the one looked up
-    (samd_model.py:196-210, utils.py:83-87). Mixed into the drafters that read them."""
+    (samd_model.py:196-210, utils.py:83-87); an optional Token Recycling (``self.recycling``) learns from
+    every pass. Mixed into the drafters that read them."""
 
     context: DynamicSuffixAutomaton
     static: StaticSuffixAutomaton | None
+    recycling: TokenRecycling | None
 
-    def restart_automata(self) -> None:
-        """A new question: an empty context automaton, the corpus automaton's cursor at its root."""
+    def begin(self, prompt_ids: np.ndarray) -> None:
+        """A new question: an empty context automaton, the corpus automaton's cursor at its root, and Token
+        Recycling's turn begun (its matrix is kept: hot start)."""
         self.context.reset()
         self._fed = 0
         if self.static is not None:
             self.static.reset()
+        if self.recycling is not None:
+            self.recycling.begin(prompt_ids)
+
+    def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
+        if self.recycling is not None:
+            # Every pass feeds the matrix, whichever source drafted (samd_model.py:205-210).
+            self.recycling.learn_step(self._root, accepted_ids, outcome)
 
     def follow(self, context_ids: np.ndarray) -> int:
         """Feed the automata the tokens they have not seen but the newest, and return the newest."""
@@ -125,13 +135,10 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
                  alpha: float = 4.0, auxiliary: str = "recycling", corpus: str | None = "python-docs",
                  automaton: str | None = None, cache_dir: str | None = None):
         require_positive(n_predicts=n_predicts, len_threshold=len_threshold)
-        if not isinstance(len_bias, int) or isinstance(len_bias, bool) or len_bias < 0:
-            raise SpecbenchError(f"drafter.len_bias must be a non-negative integer, got {len_bias!r}")
+        require_non_negative(len_bias=len_bias)
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 0:
             raise SpecbenchError(f"drafter.alpha must be a positive number, got {alpha!r}")
-        if auxiliary not in AUXILIARIES:
-            raise SpecbenchError(f"drafter.auxiliary={auxiliary!r} is not known; "
-                                 f"choose one of: {', '.join(AUXILIARIES)}")
+        require_choice("auxiliary", auxiliary, AUXILIARIES)
         self.name = name
         self.n_predicts = n_predicts
         self.len_threshold = len_threshold
@@ -142,10 +149,10 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
         self.cache_dir = cache_dir
         self.context = DynamicSuffixAutomaton()
         self.static: StaticSuffixAutomaton | None = None
-        self.auxiliary = TokenRecycling(name=f"{name}-recycling", template="samd", learn_from_prompt=True,
+        self.recycling = TokenRecycling(name=f"{name}-recycling", template="samd", learn_from_prompt=True,
                                         update_on_eos=True) if auxiliary == "recycling" else None
-        if self.auxiliary is not None:
-            self.target_top_k = self.auxiliary.target_top_k
+        if self.recycling is not None:
+            self.target_top_k = self.recycling.target_top_k
             self.reads_prompt_choices = True
         self._fed = 0
         self._root = -1
@@ -159,23 +166,18 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
             self.static = StaticSuffixAutomaton.load(self.automaton_path, vocab_size=vocab_size(target), fix=fix)
         elif self.corpus is not None:
             self.static = corpus_automaton(target, self.corpus, self.cache_dir)
-        if self.auxiliary is not None:
-            self.auxiliary.prepare(target)
-
-    def begin(self, prompt_ids: np.ndarray) -> None:
-        self.restart_automata()
-        if self.auxiliary is not None:
-            self.auxiliary.begin(prompt_ids)
+        if self.recycling is not None:
+            self.recycling.prepare(target)
 
     def propose(self, context_ids: np.ndarray) -> Draft:
         self._root = root = self.follow(context_ids)
 
         context_state, context_match = self.context.lookup(root)
         corpus_state, corpus_match = self.static.lookup(root) if self.static is not None else (0, 0)
-        if self.auxiliary is not None:
+        if self.recycling is not None:
             corpus_match -= self.len_bias
             if max(context_match, corpus_match) < self.len_threshold:
-                draft = self.auxiliary.propose(context_ids)
+                draft = self.recycling.propose(context_ids)
                 return Draft(draft.token_ids, parents=draft.parents, sources=("recycling",) * len(draft))
             if context_match >= corpus_match:
                 return _chain(self.context.draft(context_state, root, self.n_predicts), "context")
@@ -189,16 +191,11 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
         draft_parents = torch.tensor([parent - 1 for parent in parents[1:]], dtype=torch.long)
         return Draft(draft_tokens, parents=draft_parents, sources=("corpus",) * len(draft_tokens))
 
-    def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
-        if self.auxiliary is not None:
-            # Every pass feeds the matrix, whichever source drafted (samd_model.py:205-210).
-            self.auxiliary.learn_step(self._root, accepted_ids, outcome)
-
     def state(self) -> dict[str, np.ndarray] | None:
-        return None if self.auxiliary is None else self.auxiliary.state()
+        return None if self.recycling is None else self.recycling.state()
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.auxiliary.restore(state)
+        self.recycling.restore(state)
 
 
 def _chain(sequence: list[int], source: str) -> Draft:

@@ -33,12 +33,12 @@ def file_digest(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def file_records(directory: Path, skip: tuple[str, ...] = ("manifest.json",)) -> dict:
-    """{file name: {bytes, mtime_ns, sha256}} of the files in ``directory`` (but ``skip``), for ``verify_files``:
-    written when a database or a converted model copy is built."""
+def file_records(directory: Path) -> dict:
+    """{file name: {bytes, mtime_ns, sha256}} of the files in ``directory`` but manifest.json, for
+    ``verify_files``: written when a database or a converted model copy is built."""
     records = {}
     for path in sorted(directory.iterdir()):
-        if path.is_file() and path.name not in skip:
+        if path.is_file() and path.name != "manifest.json":
             stat = path.stat()
             records[path.name] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_digest(path)}
     return records

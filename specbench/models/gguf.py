@@ -7,12 +7,10 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
-from specbench.models.cache import cache_root, file_records, verify_files
+from specbench.models.cache import cache_root, verify_files
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 
@@ -50,16 +48,20 @@ def load_embedded_gguf(
                      source=f"{pip_name}:{gguf_file}")
 
 
-CHECKSUM_FILE = "specbench-checksums.json"
+# storage.replace_directory's record of every file (size, modification time, SHA-256), written last.
+CHECKSUM_FILE = "manifest.json"
+CACHE_HINT = "set SPECBENCH_CACHE (or model.cache_dir) to a writable directory"
 
 
 def convert_gguf(file: Path, converted: Path, torch_dtype) -> None:
-    """Dequantize the GGUF ``file`` into a regular checkpoint at ``converted``: written to a staging directory,
-    with the SHA-256 of every file recorded last, then renamed into place, so that a killed conversion never
-    leaves a copy that looks complete."""
+    """Dequantize the GGUF ``file`` into a regular checkpoint at ``converted``, through
+    ``storage.replace_directory``: written to a staging directory, every file's checksum recorded last, then
+    renamed into place, so that a killed conversion never leaves a copy that looks complete."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    require_writable(converted.parent, "the converted model copy")
+    from specbench.datastores.storage import replace_directory, require_writable
+
+    require_writable(converted, CACHE_HINT)  # before the tens of seconds of dequantizing
     log.info("converting %s to a %s checkpoint in %s (once; later loads use this copy)", file.name, torch_dtype, converted)
     tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
     model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch_dtype)
@@ -68,28 +70,11 @@ def convert_gguf(file: Path, converted: Path, torch_dtype) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     try:
-        write_checked_copy(converted, lambda staging: (model.save_pretrained(staging), tokenizer.save_pretrained(staging)))
+        replace_directory(converted, lambda staging: (model.save_pretrained(staging), tokenizer.save_pretrained(staging)),
+                          {"gguf": str(file), "dtype": str(torch_dtype)})
     except OSError as error:
         raise SpecbenchError(f"cannot write the converted model to {converted.parent} ({error.strerror or error}); "
-                             "free space there or point SPECBENCH_CACHE (or model.cache_dir) elsewhere") from None
-
-
-def write_checked_copy(directory: Path, write) -> None:
-    """``write(staging)`` into a staging directory next to ``directory``, record every file's size and SHA-256
-    in CHECKSUM_FILE (last: a copy without it is unfinished), then rename the staging directory into place."""
-    staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        write(staging)
-        checksums = file_records(staging, skip=(CHECKSUM_FILE,))
-        (staging / CHECKSUM_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
-        if directory.exists():
-            shutil.rmtree(directory)
-        staging.replace(directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+                             f"free space there or {CACHE_HINT}") from None
 
 
 def converted_copy_problem(converted: Path) -> str | None:
@@ -102,24 +87,12 @@ def converted_copy_problem(converted: Path) -> str | None:
     if not checksum_file.is_file():
         return f"no {CHECKSUM_FILE}: an older or unfinished conversion"
     try:
-        records = json.loads(checksum_file.read_text())
+        manifest = json.loads(checksum_file.read_text())
     except ValueError:
-        records = None
-    if not isinstance(records, dict) or not records:
+        manifest = None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or not manifest["files"]:
         return f"{CHECKSUM_FILE} is damaged"
-    return verify_files(converted, {"files": records})
-
-
-def require_writable(directory: Path, what: str) -> None:
-    """Fail at once, naming ``directory``, when ``what`` cannot be written there (before minutes of work)."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise SpecbenchError(f"cannot create {directory} for {what} ({error.strerror}); point SPECBENCH_CACHE (or "
-                             "model.cache_dir) at a writable directory") from None
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise SpecbenchError(f"{directory} is not writable, and {what} must be written there; point SPECBENCH_CACHE "
-                             "(or model.cache_dir) at a writable directory")
+    return verify_files(converted, manifest)
 
 
 def load_gguf(
