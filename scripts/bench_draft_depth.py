@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,24 +22,20 @@ import torch
 from hydra.utils import instantiate
 
 from specbench.config import compose
-from specbench.decoding.kv_cache import TreeKVCache
+from specbench.decoding.loop import Decoder
+from specbench.targets.transformers import TransformersTarget
 from specbench.drafters.draft_model import pruned_draft_directory
 from specbench.pruning import build_pruned_draft
 from specbench.runner import run_benchmark
 
 
-@torch.inference_mode()
 def seconds_per_token(model, context_tokens: int = 256, tokens: int = 48) -> float:
-    """Median time of one-token forward passes on top of a ``context_tokens`` cache."""
-    layers = model.config.get_text_config().num_hidden_layers
-    cache = TreeKVCache(layers, context_tokens + tokens + 1)
-    model(input_ids=torch.randint(100, 1000, (1, context_tokens)), cache=cache, use_cache=True, logits_to_keep=1)
-    timings = []
-    for _ in range(tokens):
-        began = time.perf_counter()
-        model(input_ids=torch.randint(100, 1000, (1, 1)), cache=cache, use_cache=True, logits_to_keep=1)
-        timings.append(time.perf_counter() - began)
-    return float(np.median(timings))
+    """Median time of a one-token forward pass on top of a ``context_tokens`` cache, measured by the library's
+    fenced verify-latency loop (inputs on the model's device, the device synchronised around each pass)."""
+    target = TransformersTarget(model)
+    context = np.random.default_rng(0).integers(100, min(1000, target.vocab_size), context_tokens).tolist()
+    decoder = Decoder(target, frozenset(), max_draft_tokens=1)
+    return decoder.measure_verify_latency(context, [1], repeats=tokens)[1]
 
 
 def main() -> None:
@@ -70,7 +65,8 @@ def main() -> None:
 
         from specbench.models import use_linear_backend
 
-        draft = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype, attn_implementation="sdpa").eval()
+        draft = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype, attn_implementation="sdpa")
+        draft = draft.to(target.device).eval()
         parameters = sum(p.numel() for p in draft.parameters())  # before oneDNN packs the linear weights away
         use_linear_backend(draft, cfg.run.linear_backend)
         draft_seconds = seconds_per_token(draft)

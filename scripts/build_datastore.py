@@ -20,12 +20,11 @@ from pathlib import Path
 
 from hydra.utils import instantiate
 
+from specbench.artefacts import cache_root, require_writable
 from specbench.config import compose
 from specbench.datastores.build import build_datastore, statistics_datastore
 from specbench.datastores.corpus import DEFAULT_CORPUS
-from specbench.datastores.storage import require_writable
 from specbench.errors import SpecbenchError
-from specbench.models import cache_root
 
 
 def main() -> None:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from hydra.utils import instantiate
 
+from specbench.artefacts import require_writable
 from specbench.config import compose
 from specbench.datastores.build import build_model_db, model_db
-from specbench.datastores.storage import require_writable
 from specbench.errors import SpecbenchError
 
 

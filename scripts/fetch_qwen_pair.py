@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specbench.models import cache_root
+from specbench.artefacts import cache_root
 
 MODELS = {
     "qwen2.5-coder-1.5b-instruct.gguf": {

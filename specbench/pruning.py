@@ -148,11 +148,11 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
     ``distill_tokens`` tokens of ``corpus`` when that is positive, and save a checkpoint with the target's
     tokenizer and a manifest to ``directory``; return the manifest."""
     from specbench.datastores.corpus import iter_documents, resolve_corpus
-    from specbench.models import cache_root
+    from specbench.artefacts import cache_root, replace_directory
     from specbench.target_answers import target_answers
 
     started = time.perf_counter()
-    total = target.model.config.get_text_config().num_hidden_layers
+    total = target.num_layers
     kept = select_layers(total, layers, selection)
     torch.manual_seed(seed)
     draft = prune(target.model, kept).to(target.device)
@@ -177,14 +177,13 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
         "parameters": sum(p.numel() for p in draft.parameters()),
         "seconds": round(time.perf_counter() - started, 1),
     }
-    staging = directory.with_name(directory.name + f".partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    draft.save_pretrained(staging)
-    if hasattr(target.tokenizer, "save_pretrained"):  # the draft shares the target's tokenizer by construction
-        target.tokenizer.save_pretrained(staging)
-    (staging / "specbench_draft.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    if directory.exists():
-        shutil.rmtree(directory)
-    staging.replace(directory)
+    def write(staging: Path) -> None:
+        draft.save_pretrained(staging)
+        if hasattr(target.tokenizer, "save_pretrained"):  # the draft shares the target's tokenizer by construction
+            target.tokenizer.save_pretrained(staging)
+        (staging / "specbench_draft.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+    # A new version published whole: a job reading the previous draft keeps a complete directory.
+    replace_directory(directory, write, {"kind": "pruned draft", **manifest})
     log.info("pruned draft (%d of %d layers) saved to %s in %.0f s", len(kept), total, directory, manifest["seconds"])
     return manifest

@@ -7,7 +7,9 @@
     summary.json             per-task and overall speedup, acceptance, throughput, exactness (SCHEMA_VERSION)
     drafter_state.npz        what the drafter carries across questions (Token Recycling's matrix) after the
                              questions listed in it, for drafters that carry any: a resumed run continues from it
-    skipped.jsonl            questions that cannot be run here (a prompt longer than the model's context), and why
+    skipped.jsonl            questions that cannot be run here, and why: a prompt longer than the model's context
+                             (cause "too_long"), or a question that ran out of GPU memory ("out_of_memory", with
+                             the memory figures of every GPU the target uses)
     verify_latency.json      the start-up verify-latency calibration (with run.verify_padding or run.draft_budget)
     specbench.log            the run's log; .hydra/ the composed config and overrides (CLI runs)
     .specbench.lock          held by the process running here (pid, host, start); a second run is refused
@@ -86,20 +88,23 @@ SUMMARY_KEYS = ("questions", "identical_to_baseline", "near_ties", "violations",
 @dataclass
 class Answer:
     """One decoder's answer to one question: per turn the text, the token ids, the steps, the wall time and
-    the target's top-k tokens and logits per generated token (kept in memory for mismatch diagnosis only)."""
+    the target's top-k tokens and logits per generated token (kept in memory for mismatch diagnosis only), and
+    on a GPU the peak memory allocated while it was decoded (``specbench.gpu_memory.peak_bytes``)."""
 
     texts: list[str] = field(default_factory=list)
     token_ids: list[list[int]] = field(default_factory=list)
     steps: list[list[StepRecord]] = field(default_factory=list)
     wall_times: list[float] = field(default_factory=list)
     top: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    peak_gpu_memory_bytes: int | None = None
 
     def to_record(self, prompt: Prompt, model_id: str, identical_to_baseline: bool | None,
                   mismatch: Mismatch | None = None) -> dict:
         """Spec-Bench's model_answer line, plus a ``specbench`` key that Spec-Bench's scripts ignore.
 
         accept_lengths has one entry per forward pass of the target (the prefill included), counting the
-        bonus token, so plain decoding gives [1, 1, ...] exactly as Spec-Bench's baseline records it.
+        bonus token, so plain decoding gives [1, 1, ...] exactly as Spec-Bench's baseline records it. On a GPU
+        the ``specbench`` key also holds ``peak_gpu_memory_bytes`` (a CPU answer has no such key).
         """
         choice = {
             "index": 0,
@@ -109,6 +114,14 @@ class Answer:
             "wall_time": self.wall_times,
             "accept_lengths": [step.accepted_tokens for steps in self.steps for step in steps],
         }
+        ours = {
+            "task": prompt.task,
+            "identical_to_baseline": identical_to_baseline,
+            "drafted_tokens": sum(step.candidate_tokens for steps in self.steps for step in steps),
+            "mismatch": None if mismatch is None else mismatch.to_dict(),
+        }
+        if self.peak_gpu_memory_bytes is not None:
+            ours["peak_gpu_memory_bytes"] = self.peak_gpu_memory_bytes
         return {
             "question_id": prompt.question_id,
             "category": prompt.category,
@@ -116,12 +129,7 @@ class Answer:
             "model_id": model_id,
             "choices": [choice],
             "tstamp": time.time(),
-            "specbench": {
-                "task": prompt.task,
-                "identical_to_baseline": identical_to_baseline,
-                "drafted_tokens": sum(step.candidate_tokens for steps in self.steps for step in steps),
-                "mismatch": None if mismatch is None else mismatch.to_dict(),
-            },
+            "specbench": ours,
         }
 
     def step_rows(self, question_id) -> list[dict]:
@@ -143,6 +151,10 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with path.open("wb") as handle:  # a handle: np.savez would add ".npz" to the staging name
         np.savez(handle, **arrays)
 
+
+# Why a question is in skipped.jsonl, as the summary counts them. Records written before causes were kept have
+# none: those were all prompts too long for the context.
+SKIP_CAUSES = {"too_long": "too long for the context", "out_of_memory": "out of GPU memory"}
 
 # Settings recorded for the record only: a resumed run may differ in them (a new commit of specbench).
 NOT_COMPARED = ("git_sha",)
@@ -272,9 +284,14 @@ class RunDirectory:
                                  f"{error.filename}); choose a writable hydra.run.dir") from None
         return finished
 
-    def skip(self, prompt: Prompt, reason: str) -> None:
-        """Record that ``prompt`` cannot be run here and why (the summary lists it; a resumed run passes it by)."""
-        record = {"question_id": prompt.question_id, "task": prompt.task, "reason": reason}
+    def skip(self, prompt: Prompt, reason: str, cause: str = "too_long", details: dict | None = None) -> None:
+        """Record that ``prompt`` cannot be run here and why (the summary lists it; a resumed run passes it by).
+        ``cause`` is one of SKIP_CAUSES; ``details`` (the memory figures of an out-of-memory question) are kept
+        in the record as they are."""
+        if cause not in SKIP_CAUSES:
+            raise ValueError(f"unknown skip cause {cause!r}; one of {', '.join(SKIP_CAUSES)}")
+        record = {"question_id": prompt.question_id, "task": prompt.task, "reason": reason, "cause": cause,
+                  **(details or {})}
         self._append_jsonl(self.skipped_file, record)
         self.skipped.append(record)
 
@@ -328,11 +345,12 @@ class RunDirectory:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=STEP_COLUMNS)
 
     def write_summary(self, header: dict, timing=None) -> dict:
-        """Write and return summary.json: per-task statistics, the questions skipped and why, and, given the
-        run's ``specbench.machine.TimingCheck``, whether its timings can be trusted."""
+        """Write and return summary.json: per-task statistics, the questions skipped and why (each record, and
+        how many of each cause), and, given the run's ``specbench.machine.TimingCheck``, whether its timings can
+        be trusted."""
         baseline = self.baseline_answers if self.with_baseline else None
         summary = {"schema_version": SCHEMA_VERSION, **header, "tasks": summarize(self.answers, baseline),
-                   "skipped": self.skipped}
+                   "skipped": self.skipped, "skipped_by_cause": skip_counts(self.skipped)}
         if timing is not None:
             summary["timing"] = timing.report(self.answers, baseline)
         write_atomically(self.summary_file, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
@@ -417,10 +435,24 @@ def format_summary_table(summary: dict) -> str:
     return "\n".join(lines + summary_flags(summary))
 
 
+def skip_counts(skipped: list[dict]) -> dict[str, int]:
+    """How many skipped-question records there are of each cause (SKIP_CAUSES), in order of first appearance."""
+    counts: dict[str, int] = {}
+    for record in skipped:
+        cause = record.get("cause", "too_long")
+        counts[cause] = counts.get(cause, 0) + 1
+    return counts
+
+
 def summary_flags(summary: dict, shown: int = 5) -> list[str]:
     """Lines that must not be missed under a summary table: timings taken on a busy machine (the numbers stay,
-    flagged) and questions skipped."""
+    flagged), a run on the CPU of a machine whose GPUs torch could not use, and questions skipped (how many, by
+    cause, and the first few with their reasons)."""
     lines = []
+    unused = (summary.get("environment") or {}).get("gpus_not_used")
+    if unused:
+        lines.append(f"RAN ON THE CPU: nvidia-smi lists {len(unused['listed'])} GPU(s) ({'; '.join(unused['listed'])}) "
+                     f"that torch could not use: {unused['reason']}")
     timing = summary.get("timing") or {}
     if timing and not timing.get("trustworthy", True):
         warnings = timing.get("warnings", [])
@@ -428,9 +460,10 @@ def summary_flags(summary: dict, shown: int = 5) -> list[str]:
                      + "; ".join(warnings[:shown]) + (" ..." if len(warnings) > shown else ""))
     skipped = summary.get("skipped") or []
     if skipped:
+        counted = ", ".join(f"{count} {SKIP_CAUSES.get(cause, cause)}" for cause, count in skip_counts(skipped).items())
         lines.append(f"skipped {len(skipped)} question(s): "
                      + "; ".join(f"{record['question_id']}: {record['reason']}" for record in skipped[:shown])
-                     + (" ..." if len(skipped) > shown else ""))
+                     + (" ..." if len(skipped) > shown else "") + f" ({counted})")
     return lines
 
 

@@ -5,11 +5,18 @@ The lock is an ``fcntl.flock`` on ``.specbench.lock`` in the run directory, whic
 holder dies however it dies (SIGKILL, out of memory, a SLURM preemption), so a lock left by a killed run is
 recognised as stale and taken over. The file names the holder (pid, host, start time) for the refusal message.
 It is emptied, never removed, on release: removing it could let two later processes lock two different files.
+
+Where ``flock`` is not supported (Lustre mounted without ``-o flock``, some NFS mounts: ENOSYS, EOPNOTSUPP or
+ENOLCK), the lock is the file's creation instead (``artefacts.FileLock``: ``O_CREAT | O_EXCL``, removed on
+release). A lock left by a dead run of this host is taken over; one held on another host is refused, naming its
+holder and the file to remove if that run is gone, since from here a run on another node cannot be told from a
+killed one.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import json
 import logging
@@ -17,11 +24,14 @@ import os
 import socket
 from pathlib import Path
 
+from specbench.artefacts import FileLock, describe_holder, holder_is_dead
 from specbench.errors import SpecbenchError
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".specbench.lock"
+# What flock raises on a filesystem that does not support it.
+NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
 
 
 class RunLock:
@@ -33,6 +43,7 @@ class RunLock:
         self.directory = Path(directory)
         self.path = self.directory / LOCK_NAME
         self._handle = None
+        self._file_lock: FileLock | None = None  # where flock is not supported
         self._created: list[Path] = []  # what this process created, removed again unless kept
         self._kept = False
 
@@ -48,7 +59,8 @@ class RunLock:
             if not self.directory.exists():
                 self.directory.mkdir(parents=True)
                 self._created.append(self.directory)
-            if not self.path.exists():
+            created_file = not self.path.exists()
+            if created_file:
                 self._created.insert(0, self.path)
             self._handle = open(self.path, "a+", encoding="utf-8")
         except PermissionError as error:
@@ -57,27 +69,71 @@ class RunLock:
                                  "writable hydra.run.dir") from None
         try:
             fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = self._holder()
+        except BlockingIOError:  # flock is released when its holder dies: this one runs
+            self._refuse(self._holder(), by_creation=False)
+        except OSError as error:
+            if error.errno not in NO_FLOCK:
+                raise
             self._handle.close()
             self._handle = None
-            raise SpecbenchError(f"{self.directory} is in use by another run ({_describe(holder)}); wait for it to "
-                                 "finish, or choose another hydra.run.dir") from None
+            self._lock_by_creation(created_file)
+            return
         earlier = self._holder()
+        if earlier and "token" in earlier and not holder_is_dead(earlier):
+            # Held by creation (artefacts.FileLock) from a host whose mount has no flock: that run is not ours.
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._refuse(earlier, by_creation=True)
         if earlier and earlier.get("pid") != os.getpid():
             log.warning("%s: taking over the lock of a run that is no longer running (%s)", self.directory,
-                        _describe(earlier))
+                        describe_holder(earlier))
         self._handle.seek(0)
         self._handle.truncate()
         self._handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}))
         self._handle.flush()
 
+    def _lock_by_creation(self, created_file: bool) -> None:
+        """The lock where flock is not supported: creating the lock file (``FileLock``, no waiting, never taken
+        over by age). The empty file this process just created to try flock is removed first."""
+        if created_file:
+            self.path.unlink(missing_ok=True)
+            self._created.remove(self.path)  # from here on the file is the holder's, whichever process that is
+        self._file_lock = FileLock(self.path)
+        try:
+            locked = self._file_lock.acquire()
+        except OSError as error:
+            self._file_lock = None
+            self._remove_created()
+            raise SpecbenchError(f"cannot write to the run directory {self.directory} ({error.strerror}); choose a "
+                                 "writable hydra.run.dir") from None
+        if not locked:
+            holder, self._file_lock = self._file_lock.holder, None
+            self._remove_created()
+            self._refuse(holder, by_creation=True)
+
+    def _refuse(self, holder: dict | None, by_creation: bool) -> None:
+        """Close the lock file and raise the one-line refusal; for a lock held by creation on another host, name
+        the file to remove if that run is gone (from here, a run there cannot be told from a killed one)."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        message = (f"{self.directory} is in use by another run ({describe_holder(holder)}); wait for it to finish, "
+                   "or choose another hydra.run.dir")
+        if by_creation and holder and holder.get("host") != socket.gethostname():
+            message += f"; if that run is no longer running, remove {self.path}"
+        raise SpecbenchError(message) from None
+
     def keep(self) -> None:
         """The run goes ahead: what was created for it stays."""
         self._kept = True
 
     def release(self) -> None:
+        if self._file_lock is not None:
+            self._file_lock.release()  # removes the lock file
+            self._file_lock = None
+            if not self._kept:
+                self._remove_created()
+            return
         if self._handle is None:
             return
         if self._kept or not self._created:
@@ -100,12 +156,7 @@ class RunLock:
         try:
             self._handle.seek(0)
             text = self._handle.read().strip()
-            return json.loads(text) if text else None
+            holder = json.loads(text) if text else None
         except (OSError, ValueError):
             return None
-
-
-def _describe(holder: dict | None) -> str:
-    if not holder:
-        return "holder unknown"
-    return f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+        return holder if isinstance(holder, dict) else None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -18,15 +20,19 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import specbench
+from specbench import gpu_memory
 from specbench.data import Prompt, read_questions, select_questions
 from specbench.decoding.budget import DraftBudget, VerifyCost
 from specbench.decoding.contract import Drafter
 from specbench.decoding.loop import Decoder, VerifyShapes
 from specbench.decoding.sampling import Sampling
+from specbench.distributed import Processes
+from specbench.models.devices import resolve_device
 from specbench.drafters.ar import NoDraft
 from specbench.errors import SpecbenchError
 from specbench.mismatch import diagnose
 from specbench.models import LoadedModel
+from specbench.models.devices import driver_version, gpus_listed_by_driver, why_no_cuda
 from specbench.models.loaded import weights_fingerprint
 from specbench.config import check_group_keys
 from specbench.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
@@ -88,13 +94,23 @@ def answer_question(
 
 
 def environment(model: LoadedModel) -> dict:
+    """The software and machine a run runs on. On a GPU also: torch's CUDA version (``cuda``), the NVIDIA
+    driver's (``cuda_driver``), how many CUDA devices the process sees (``cuda_device_count``,
+    ``cuda_visible_devices``) and each GPU the target uses (``gpus``: name, memory, compute capability); those are
+    None on a CPU. ``gpus_not_used`` names the GPUs nvidia-smi lists when the run is on the CPU because torch
+    cannot use them, and why (None otherwise): the summary table flags it."""
     import transformers
 
     device = model.device
+    gpus = [used for used in model.devices if used.type == "cuda"]
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
     else:
         device_name = _cpu_name()
+    unused = None
+    if not gpus and not torch.cuda.is_available():
+        listed = gpus_listed_by_driver()
+        unused = {"listed": listed, "reason": why_no_cuda(listed)} if listed else None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -104,7 +120,32 @@ def environment(model: LoadedModel) -> dict:
         "dtype": str(model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "git_sha": _git_sha(),
+        "cuda": torch.version.cuda if gpus else None,
+        "cuda_driver": _cuda_driver() if gpus else None,
+        "cuda_device_count": torch.cuda.device_count() if gpus else None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES") if gpus else None,
+        "gpus": [_gpu_description(used) for used in gpus] if gpus else None,
+        "gpus_not_used": unused,
     }
+
+
+def _gpu_description(device: torch.device) -> dict:
+    properties = torch.cuda.get_device_properties(device)
+    return {"device": str(device), "name": properties.name, "total_memory_bytes": int(properties.total_memory),
+            "capability": f"{properties.major}.{properties.minor}"}
+
+
+def _cuda_driver() -> str | None:
+    """The NVIDIA driver's version from nvidia-smi; without it, the CUDA version the driver supports, as torch
+    reads it ("CUDA 12.4 (driver API)")."""
+    version = driver_version()
+    if version is not None:
+        return version
+    try:
+        api = int(torch._C._cuda_getDriverVersion())  # e.g. 12040; torch has no public name for it
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    return f"CUDA {api // 1000}.{api % 1000 // 10} (driver API)" if api > 0 else None
 
 
 def _cpu_name() -> str:
@@ -164,7 +205,7 @@ def question_file_digest(path: str | None) -> str | None:
     """SHA-256 of the question file's content (the built-in sample set's when ``path`` is None; None for a hub
     dataset, whose id and revision name it): an edited file is another benchmark."""
     from specbench.data import SAMPLE_QUESTIONS
-    from specbench.models.cache import file_digest
+    from specbench.artefacts import file_digest
 
     if path is None:
         return file_digest(SAMPLE_QUESTIONS)
@@ -196,7 +237,10 @@ def loaded_settings(model: LoadedModel, drafter: Drafter) -> dict:
         "dtype": env["dtype"],
         "device": str(model.device),
         "threads": torch.get_num_threads(),
-        "environment": {key: env[key] for key in ("python", "torch", "transformers", "specbench", "device", "git_sha")},
+        # The driver, the device count and CUDA_VISIBLE_DEVICES stay in the summary's environment only: a job
+        # requeued onto another node of the same GPUs resumes.
+        "environment": {key: env[key] for key in ("python", "torch", "transformers", "specbench", "device", "git_sha",
+                                                  "cuda", "gpus")},
     }
 
 
@@ -240,11 +284,17 @@ def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt]) 
     return read_json_file(summary_file, "summary of the run in that directory")
 
 
-def choose_threads(settings: RunSettings, earlier: dict | None) -> tuple[int, TimingCheck]:
+def choose_threads(settings: RunSettings, earlier: dict | None, processes: int = 1) -> tuple[int, TimingCheck]:
     """torch's thread count for this run and what the machine looked like at start. ``run.threads: null`` takes
     the count an earlier session of this run directory used (so the run resumes on equal terms), else one per
-    usable core that other processes leave free (``specbench.machine.safe_threads``)."""
+    usable core that other processes leave free (``specbench.machine.safe_threads``). The ``processes`` of one
+    tensor-parallel run on one machine split its cores between them."""
     cores = usable_cores()
+    if processes > 1:
+        # The other ranks are this run, not other load; CPU tensor parallelism is for checking, not timing.
+        share = max(1, int(cores // processes))
+        threads = settings.threads if settings.threads is not None else share
+        return threads, TimingCheck(threads=threads, usable_cores=share, other_load_at_start=0.0)
     other = other_load()
     if settings.threads is not None:
         threads = settings.threads
@@ -263,19 +313,41 @@ def choose_threads(settings: RunSettings, earlier: dict | None) -> tuple[int, Ti
 
 def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
     """Run the benchmark described by ``cfg`` into ``output_dir`` and return the summary. ``on_open(path)``
-    is called once the directory has passed every check and is locked (the CLI saves Hydra's files there)."""
+    is called once the directory has passed every check and is locked (the CLI saves Hydra's files there).
+
+    Under torchrun (``model.tp_plan=auto``) every process runs this; rank 0 decides and writes, the others
+    decode beside it in a scratch directory (``specbench.distributed``)."""
     check_group_keys(cfg)
     settings = RunSettings.from_config(cfg.run)
     questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
+    if settings.device != "auto":
+        resolve_device(settings.device)  # a device torch cannot give is refused before anything else happens
+    processes = Processes.from_environment(cfg.model.get("tp_plan"))
+    if processes.world_size > 1 and settings.draft_budget == "auto":
+        raise SpecbenchError("run.draft_budget=auto decides every step from that process's own clock, so the "
+                             "processes of a tensor-parallel run would verify different drafts; use run.draft_budget=off")
+    if not processes.primary:
+        logging.getLogger("specbench").setLevel(logging.ERROR)  # rank 0 speaks for the run
+        with tempfile.TemporaryDirectory(prefix=f"specbench-rank{processes.rank}-") as scratch:
+            return _run(cfg, settings, questions, scratch, None, processes)
+    return _run(cfg, settings, questions, output_dir, on_open, processes)
+
+
+def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output_dir: str, on_open,
+         processes: Processes) -> dict:
     wanted = config_settings(cfg)
-    # Everything the configuration fixes is checked before anything is loaded or written.
-    earlier = earlier_settings(output_dir)
-    check_resumable(output_dir, earlier, wanted)
-    finished_summary = already_finished(cfg, output_dir, questions)
+
+    def check_directory():
+        # Everything the configuration fixes is checked before anything is loaded or written.
+        earlier = earlier_settings(output_dir)
+        check_resumable(output_dir, earlier, wanted)
+        return earlier, already_finished(cfg, output_dir, questions)
+
+    earlier, finished_summary = processes.decide(check_directory)
     if finished_summary is not None:
         log.info("%s: every selected question is already done; nothing to run", output_dir)
         return finished_summary
-    threads, timing = choose_threads(settings, earlier)
+    threads, timing = choose_threads(settings, earlier, processes.world_size)
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)
 
@@ -285,18 +357,20 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
         sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
         drafter.prepare(model, sampling)
         run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
-        finished = run_dir.open({**wanted, **loaded_settings(model, drafter)})  # checks the loaded part too
+        loaded = loaded_settings(model, drafter)  # every process: the weights' fingerprint gathers shards
+        finished = processes.decide(lambda: run_dir.open({**wanted, **loaded}))  # checks the loaded part too
         lock.keep()
         if on_open is not None:
             on_open(run_dir.path)
-        return _measure(cfg, settings, model, drafter, sampling, run_dir, finished, questions, timing)
+        return _measure(cfg, settings, model, drafter, sampling, run_dir, finished, questions, timing, processes)
 
 
 def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, sampling: Sampling,
-             run_dir: RunDirectory, finished: set, questions: list[Prompt], timing: TimingCheck) -> dict:
+             run_dir: RunDirectory, finished: set, questions: list[Prompt], timing: TimingCheck,
+             processes: Processes) -> dict:
     """Decode every pending question by the method and the baseline, recording each as it finishes."""
     output_dir = run_dir.path
-    skipped = {record["question_id"] for record in run_dir.skipped}
+    skipped = processes.share({record["question_id"] for record in run_dir.skipped})
     pending = [prompt for prompt in questions if prompt.question_id not in finished and prompt.question_id not in skipped]
     baseline = NoDraft()
     dtype = str(model.dtype).removeprefix("torch.")
@@ -305,15 +379,16 @@ def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, s
     if finished:
         log.info("resuming in %s: %d of %d questions already done", output_dir, len(finished), len(questions))
 
-    decoder = Decoder(model.model, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
+    decoder = Decoder(model.backend, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
                       target_top_k=settings.target_top_k, diagnostic_top_k=settings.mismatch_top_k)
     pending = _skip_too_long(model, pending, run_dir)
     if pending:
-        _warm_up(settings, model, decoder, drafter, baseline, pending, run_dir.path)
-        _restore_drafter_state(drafter, run_dir, finished)
+        _warm_up(settings, model, decoder, drafter, baseline, pending, run_dir.path, processes)
+        _restore_drafter_state(drafter, run_dir, finished, processes)
 
     bar = tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
-               desc=f"{method} vs ar" if settings.baseline else method, dynamic_ncols=True)
+               desc=f"{method} vs ar" if settings.baseline else method, dynamic_ncols=True,
+               disable=not processes.primary)
     live = LiveRate(bar)
     summary = run_dir.write_summary(header, timing)
     meter = ContentionMeter()
@@ -323,14 +398,26 @@ def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, s
             if settings.alternate_order and index % 2 == 1:
                 decoders.reverse()
             answers = {}
+            out_of_memory = None
             meter.start()
             try:
                 for role, which in decoders:
                     live.label = f"q{prompt.question_id} {which.name}"
+                    gpu_memory.reset_peak(model.devices)
                     answers[role] = answer_question(model, decoder, which, prompt, settings.max_new_tokens, live)
+                    answers[role].peak_gpu_memory_bytes = gpu_memory.peak_bytes(model.devices)
             except TurnTooLong as reason:  # a later turn outgrew the context: the question cannot be answered whole
                 log.warning("skipping %s", reason)
                 run_dir.skip(prompt, str(reason))
+                bar.update(1)
+                continue
+            except gpu_memory.OUT_OF_MEMORY_ERRORS as error:  # read the figures while the failed step's tensors live
+                out_of_memory = gpu_memory.out_of_memory_record(error, model.devices, prompt.question_id, which.name,
+                                                                len(first_turn_ids(model, prompt)))
+            if out_of_memory is not None:  # the traceback is gone: what the failed step held can be freed
+                gpu_memory.release_cached_memory(model.devices)
+                log.warning("skipping %s", out_of_memory["reason"])
+                run_dir.skip(prompt, out_of_memory.pop("reason"), cause="out_of_memory", details=out_of_memory)
                 bar.update(1)
                 continue
             other_cores = meter.stop()
@@ -442,12 +529,12 @@ def saved_latencies(latency_file: Path) -> dict[int, float] | None:
         return None
 
 
-def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: set) -> None:
+def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: set, processes: Processes) -> None:
     """On resuming, give a drafter that carries state across questions the state it had after the finished
     ones (taken after the warm-up, which the interrupted run also saw before its first question)."""
     if not finished or drafter.state() is None:
         return
-    saved = run_dir.drafter_state()
+    saved = processes.share(run_dir.drafter_state())
     if saved is None:
         log.warning("%s: no saved drafter state; %s starts the resumed questions afresh, so they may differ from "
                     "an uninterrupted run's", run_dir.path, drafter.name)
@@ -461,7 +548,7 @@ def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: se
 
 
 def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, pending: list[Prompt],
-             run_path: Path) -> None:
+             run_path: Path, processes: Processes) -> None:
     """Decode the first pending question untimed, so that lazy initialisation and caches do not land in the first
     measured question; then calibrate the decoder (verify latency per token count) and record what was measured."""
     prompt_ids = first_turn_ids(model, pending[0])
@@ -470,8 +557,10 @@ def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, 
         for which in (drafter, baseline):
             decoder.generate(prompt_ids, which, budget)
     latency_file = run_path / "verify_latency.json"
-    saved = saved_latencies(latency_file)
+    saved = processes.share(saved_latencies(latency_file))
     latencies = calibrate(settings, model, decoder, prompt_ids, measured=saved)
+    if processes.world_size > 1 and saved is None:  # every process measured; all pad as rank 0 measured
+        latencies = calibrate(settings, model, decoder, prompt_ids, measured=processes.share(latencies))
     if latencies and saved is None:
         padded = {size: decoder.verify_shapes.padded(size) for size in latencies
                   if decoder.verify_shapes.padded(size) != size}

@@ -4,15 +4,15 @@ distillation of pruned drafts both read them."""
 from __future__ import annotations
 
 import json
+import os
 import logging
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from specbench.artefacts import build_lock, cached_path, require_writable
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
-from specbench.datastores.storage import require_writable
-from specbench.models import cached_path
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def generate_answers(target, prompts: list[str], max_new_tokens: int, batch_size
         for row, ids in enumerate(encoded):  # left padding, so every answer starts at the same column
             input_ids[row, width - len(ids):] = torch.tensor(ids)
             attention[row, width - len(ids):] = 1
-        output = model.generate(input_ids.to(target.device), attention_mask=attention.to(target.device),
+        output = model.generate(input_ids.to(target.backend.input_device), attention_mask=attention.to(target.backend.input_device),
                                 do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
                                 eos_token_id=sorted(target.eos_token_ids))
         batch = []
@@ -72,7 +72,20 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
         log.warning("the cached answers %s are damaged and are being generated again", file)
     require_writable(file)
     file.parent.mkdir(parents=True, exist_ok=True)
-    staging = file.with_suffix(".partial")
+    # One job generates; another one waits and reads what it wrote (see artefacts.build_lock for torchrun's ranks).
+    with build_lock(file.with_name(file.name + ".lock")):
+        if file.is_file():
+            pairs = _read_answers(file, len(prompts))
+            if pairs is not None:
+                return pairs
+        return _generate_into(file, target, prompts, max_new_tokens, batch_size)
+
+
+def _generate_into(file: Path, target, prompts: list[str], max_new_tokens: int, batch_size: int):
+    """Generate the answers into ``file`` through a staging file that an interrupted build resumes from (the
+    build lock makes it this process's alone; under torchrun each rank has its own)."""
+    rank = os.environ.get("RANK", "0") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    staging = file.with_suffix(".partial" if rank is None else f".rank{rank}.partial")
     done = _complete_rows(staging)
     with staging.open("a", encoding="utf-8") as handle:
         def save(pairs):
@@ -81,7 +94,7 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
 
         generate_answers(target, prompts, max_new_tokens, batch_size, on_batch=save, done=len(done))
     rows = [json.loads(line) for line in staging.read_text().splitlines()]
-    staging.replace(file)
+    staging.replace(file)  # atomic: a reader sees the old file or the whole new one
     return [(row["prompt_ids"], row["answer_ids"]) for row in rows]
 
 

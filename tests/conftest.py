@@ -13,9 +13,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from specbench.artefacts import cache_root
 from specbench.config import compose
 from specbench.decoding.contract import Draft, Drafter
-from specbench.models import cache_root
 
 
 def _isolated_cache() -> Path:

@@ -32,7 +32,7 @@ def check_records(generation):
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 64])
 def test_every_configured_drafter_matches_greedy_decoding(name, max_new_tokens, tiny, prompt_ids):
     drafter = make_drafter(name, tiny)
-    decoder = Decoder(tiny.model, frozenset(), max_draft_tokens=64)
+    decoder = Decoder(tiny.backend, frozenset(), max_draft_tokens=64)
     for ids in prompt_ids:
         expected = greedy_reference(tiny.model, ids, max_new_tokens)
         generation = decoder.generate(ids, drafter, max_new_tokens)
@@ -50,7 +50,7 @@ def test_eos_inside_the_output_ends_decoding_exactly_like_greedy(name, tiny, pro
             eos = free_run[eos_position]
             expected = greedy_reference(tiny.model, ids, 48, [eos])
             assert expected[-1] == eos and eos not in expected[:-1]
-            generation = Decoder(tiny.model, frozenset([eos]), 64).generate(ids, drafter, 48)
+            generation = Decoder(tiny.backend, frozenset([eos]), 64).generate(ids, drafter, 48)
             assert generation.token_ids == expected
             assert generation.finish_reason == "eos"
             check_records(generation)
@@ -59,13 +59,13 @@ def test_eos_inside_the_output_ends_decoding_exactly_like_greedy(name, tiny, pro
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_padding_verify_shapes_changes_nothing(name, tiny, prompt_ids):
     drafter = make_drafter(name, tiny)
-    padded = Decoder(tiny.model, frozenset(), 64, VerifyShapes([0, 1, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16]))
+    padded = Decoder(tiny.backend, frozenset(), 64, VerifyShapes([0, 1, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16]))
     for ids in prompt_ids:
         assert padded.generate(ids, drafter, 40).token_ids == greedy_reference(tiny.model, ids, 40)
 
 
 def test_always_right_drafter_has_every_token_accepted(tiny, prompt_ids):
-    decoder = Decoder(tiny.model, frozenset(), 64)
+    decoder = Decoder(tiny.backend, frozenset(), 64)
     for ids in prompt_ids:
         expected = greedy_reference(tiny.model, ids, 40)
         generation = decoder.generate(ids, ScriptedDrafter(expected, length=5), 40)
@@ -77,7 +77,7 @@ def test_always_right_drafter_has_every_token_accepted(tiny, prompt_ids):
 
 
 def test_always_wrong_drafter_has_nothing_accepted(tiny, prompt_ids):
-    decoder = Decoder(tiny.model, frozenset(), 64)
+    decoder = Decoder(tiny.backend, frozenset(), 64)
     for ids in prompt_ids:
         expected = greedy_reference(tiny.model, ids, 30)
         generation = decoder.generate(ids, ScriptedDrafter(expected, length=4, mode="wrong"), 30)
@@ -92,7 +92,7 @@ def test_always_wrong_drafter_has_nothing_accepted(tiny, prompt_ids):
 def test_drafts_longer_than_the_budget_are_cut(tiny, prompt_ids):
     ids = prompt_ids[0]
     expected = greedy_reference(tiny.model, ids, 7)
-    generation = Decoder(tiny.model, frozenset(), 64).generate(ids, ScriptedDrafter(expected + [1] * 20, 15), 7)
+    generation = Decoder(tiny.backend, frozenset(), 64).generate(ids, ScriptedDrafter(expected + [1] * 20, 15), 7)
     assert generation.token_ids == expected
     assert [s.draft_tokens for s in generation.steps] == [0, 5]
     assert [s.accepted_tokens for s in generation.steps] == [1, 6]
@@ -101,7 +101,7 @@ def test_drafts_longer_than_the_budget_are_cut(tiny, prompt_ids):
 def test_empty_drafts_between_full_ones(tiny, prompt_ids):
     ids = prompt_ids[1]
     expected = greedy_reference(tiny.model, ids, 30)
-    generation = Decoder(tiny.model, frozenset(), 64).generate(
+    generation = Decoder(tiny.backend, frozenset(), 64).generate(
         ids, ScriptedDrafter(expected, 3, empty_every=2), 30)
     assert generation.token_ids == expected
     assert 0 in [s.draft_tokens for s in generation.steps[1:]]
@@ -112,7 +112,7 @@ def test_empty_drafts_between_full_ones(tiny, prompt_ids):
 def test_max_draft_tokens_caps_a_step(tiny, prompt_ids):
     ids = prompt_ids[2]
     expected = greedy_reference(tiny.model, ids, 20)
-    generation = Decoder(tiny.model, frozenset(), max_draft_tokens=3).generate(ids, ScriptedDrafter(expected, 10), 20)
+    generation = Decoder(tiny.backend, frozenset(), max_draft_tokens=3).generate(ids, ScriptedDrafter(expected, 10), 20)
     assert generation.token_ids == expected
     assert max(s.draft_tokens for s in generation.steps) == 3
 
@@ -142,7 +142,7 @@ class TreeOracle(Drafter):
 
 
 def test_tree_drafts_keep_the_right_branch_and_stay_lossless(tiny, prompt_ids):
-    decoder = Decoder(tiny.model, frozenset(), 64)
+    decoder = Decoder(tiny.backend, frozenset(), 64)
     for ids in prompt_ids:
         expected = greedy_reference(tiny.model, ids, 33)
         generation = decoder.generate(ids, TreeOracle(expected, 4), 33)
@@ -152,20 +152,17 @@ def test_tree_drafts_keep_the_right_branch_and_stay_lossless(tiny, prompt_ids):
 
 def test_tree_forward_scores_each_branch_like_a_plain_chain(tiny, prompt_ids):
     """One forward pass over a two-branch tree gives the logits of each branch decoded on its own."""
-    from specbench.decoding.kv_cache import TreeKVCache
     from specbench.decoding.plan import plan_verification, verification_inputs
 
-    model = tiny.model
+    target = tiny.backend
     ids = prompt_ids[0]
     branch_a, branch_b = [10, 11, 12], [20, 21]
-    decoder = Decoder(model, frozenset(), 64)
     with torch.inference_mode():
-        cache = TreeKVCache(decoder.num_layers, 128)
-        decoder._prefill(cache, np.array(ids[:-1]))
+        target.start(128)
+        target.prefill(np.array(ids[:-1]), False, 2)
         draft = Draft(torch.tensor([*branch_a, *branch_b]), parents=torch.tensor([-1, 0, 1, -1, 3]))
         plan = plan_verification(draft, ids[-1], max_depth=10, max_nodes=64)
-        inputs = verification_inputs(plan, cache.length, plan.n_nodes, torch.device("cpu"))
-        tree_logits = model(input_ids=inputs[0], position_ids=inputs[1], attention_mask=inputs[2], cache=cache).logits[0]
+        tree_logits = target.verify(verification_inputs(plan, target.length, plan.n_nodes), plan.n_nodes, 2).logits
         for branch, rows in ((branch_a, [0, 1, 2, 3]), (branch_b, [0, 4, 5])):
-            chain = model(input_ids=torch.tensor([ids + branch])).logits[0, len(ids) - 1:]
+            chain = tiny.model(input_ids=torch.tensor([ids + branch])).logits[0, len(ids) - 1:]
             torch.testing.assert_close(tree_logits[rows], chain, rtol=1e-4, atol=1e-4)

@@ -58,8 +58,13 @@ def warnings_of(caplog) -> list[str]:
     return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
 
 
+def published(directory: Path) -> list[Path]:
+    """The artefacts in a cache folder, without their versions and locks (``.<name>.versions``)."""
+    return sorted(path for path in directory.iterdir() if not path.name.startswith("."))
+
+
 def only_entry(directory: Path) -> Path:
-    [entry] = list(directory.iterdir())
+    [entry] = published(directory)
     return entry
 
 
@@ -98,7 +103,7 @@ def test_edited_prompt_or_question_files_get_a_new_model_db(tiny, cache, tmp_pat
     build = {**BUILD, "prompts": str(prompts), "exclude_questions": str(questions)}
 
     def manifests():
-        return sorted((json.loads((d / "manifest.json").read_text()) for d in (cache / "model_db").iterdir()),
+        return sorted((json.loads((d / "manifest.json").read_text()) for d in published(cache / "model_db")),
                       key=lambda m: m["prompts_overlapping_questions"])
 
     model_db(tiny, "auto", 1, 2, 7, build)

@@ -3,8 +3,9 @@
 import pandas as pd
 import pytest
 
+from specbench.artefacts import cache_root
 from specbench.config import compose
-from specbench.models import cache_root, load_embedded_gguf
+from specbench.models import load_embedded_gguf
 from specbench.runner import run_benchmark
 
 

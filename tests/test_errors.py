@@ -182,6 +182,127 @@ def test_a_truncated_file_in_the_hub_cache_is_named(tmp_path, monkeypatch):
     assert "hf download specbench-test/tiny --force-download" in message
 
 
+# devices
+
+def fake_nvidia_smi(directory: Path, listing: str, driver: str = "550.54.15") -> None:
+    """An ``nvidia-smi`` on PATH that answers ``-L`` with ``listing`` and the driver query with ``driver``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    script.write_text("#!/bin/sh\n"
+                      'case "$1" in\n'
+                      f"  -L) printf '%s' '{listing}' ;;\n"
+                      f"  --query-gpu=driver_version) echo '{driver}' ;;\n"
+                      "  *) exit 9 ;;\n"
+                      "esac\n")
+    script.chmod(0o755)
+
+
+H200 = "GPU 0: NVIDIA H200 (UUID: GPU-0f1e2d3c-0000-1111-2222-333344445555)\n"
+
+
+@pytest.fixture
+def no_cuda(monkeypatch, tmp_path):
+    """torch without CUDA, as a CPU build has it, and a PATH with no nvidia-smi on it."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # a GPU machine's /usr/bin/nvidia-smi stays out of sight
+    return tmp_path / "bin"
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_cuda_is_one_line_naming_the_cpu_build(no_cuda, device):
+    from specbench.models.devices import resolve_device
+
+    with pytest.raises(SpecbenchError) as error:
+        resolve_device(device)
+    message = one_line(error)
+    assert message.startswith(f"run.device={device!r}, but torch sees no CUDA device: torch ")
+    assert "is a CPU build (nvidia-smi lists no GPU;" in message and "SPECBENCH_TORCH=cuda ./setup.sh" in message
+    assert message.endswith("; use run.device=cpu")
+
+
+def test_cuda_hidden_by_cuda_visible_devices_is_named(no_cuda, monkeypatch):
+    import torch
+
+    from specbench.models.devices import resolve_device
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build told to see nothing (gpus_per_node: 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    fake_nvidia_smi(no_cuda, H200)
+    with pytest.raises(SpecbenchError) as error:
+        resolve_device("cuda")
+    assert "CUDA_VISIBLE_DEVICES='' hides every GPU (nvidia-smi lists 1 GPU(s))" in one_line(error)
+
+
+@pytest.mark.parametrize("visible, shown", [(None, "unset (every GPU of the machine)"), ("2,5", "'2,5'")])
+def test_a_cuda_index_past_the_device_count_names_index_count_and_visible_devices(monkeypatch, visible, shown):
+    import torch
+
+    from specbench.models.devices import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with pytest.raises(SpecbenchError) as error:
+        resolve_device("cuda:7")
+    assert one_line(error) == (f"run.device='cuda:7', but torch sees 2 CUDA device(s) (cuda:0 to cuda:1; "
+                               f"CUDA_VISIBLE_DEVICES={shown}); choose one of them")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")  # the last visible one is fine
+
+
+def test_auto_with_a_gpu_torch_cannot_use_warns_naming_the_fix(no_cuda, caplog):
+    import torch
+
+    from specbench.models.devices import resolve_device
+
+    fake_nvidia_smi(no_cuda, H200)
+    with caplog.at_level("WARNING", logger="specbench.models.devices"):
+        assert resolve_device("auto") == torch.device("cpu")
+    [warning] = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warning.startswith("run.device=auto runs on the CPU although nvidia-smi lists 1 GPU(s) (GPU 0: NVIDIA H200)")
+    assert "is a CPU build" in warning and "SPECBENCH_TORCH=cuda ./setup.sh" in warning and "UUID" not in warning
+
+
+def test_auto_without_any_gpu_is_quiet(no_cuda, caplog):
+    import torch
+
+    from specbench.models.devices import resolve_device
+
+    fake_nvidia_smi(no_cuda, "No devices were found\n")
+    with caplog.at_level("WARNING"):
+        assert resolve_device("auto") == torch.device("cpu")
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]
+
+
+def test_cuda_is_refused_before_anything_is_written(no_cuda, tmp_path):
+    from specbench.runner import run_benchmark
+
+    with pytest.raises(SpecbenchError, match=r"^run\.device='cuda', but torch sees no CUDA device"):
+        run_benchmark(compose(["model=tiny-random", "run.device=cuda", "task.tasks=[qa]", "task.limit_per_task=1"]),
+                      str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "run.json").exists() and not (tmp_path / "run" / "answers.jsonl").exists()
+
+
+def test_cuda_on_the_command_line_without_cuda_is_one_line_and_exit_2(tmp_path):
+    """CUDA_VISIBLE_DEVICES='' keeps this true on a machine with a GPU as well."""
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-m", "specbench", "model=tiny-random", "run.device=cuda",
+                             f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300,
+                            env=environment, cwd=REPO)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("[")]  # not log lines
+    assert len(lines) == 1 and lines[0].startswith("specbench: error: run.device='cuda', but torch sees no CUDA device")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
 # unknown keys in the model, drafter and task groups
 
 def check_compositions(overrides) -> None:
@@ -264,3 +385,157 @@ def test_the_setup_stamp_check_passes_in_this_environment():
     python = str(venv_python) if venv_python.is_file() else sys.executable
     result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+FAKE_TORCH = '''
+import json, os
+try:
+    with open(os.environ["FAKE_TORCH_STATE"]) as handle:
+        _state = json.load(handle)
+except FileNotFoundError:
+    raise ImportError("no torch here")
+__version__ = _state["version"]
+class version:
+    cuda = _state["cuda"]
+class cuda:
+    @staticmethod
+    def is_available():
+        return _state["available"]
+'''
+
+# pip as setup.sh calls it: every call is logged; installing torch writes the build it would get, uninstalling
+# removes it (a venv's own copy).
+FAKE_PIP = '''
+import json, os, sys
+arguments = sys.argv[1:]
+with open(os.environ["FAKE_PIP_LOG"], "a") as log:
+    log.write(" ".join(arguments) + "\\n")
+state = os.environ["FAKE_TORCH_STATE"]
+wanted = [argument for argument in arguments if argument.startswith("torch==")]
+if arguments[0] == "uninstall" and "torch" in arguments and os.path.exists(state):
+    os.remove(state)
+elif arguments[0] == "install" and wanted:
+    cuda = "+cpu" in wanted[0] and "!=" in wanted[0]
+    build = {"version": "2.13.0", "cuda": "12.8", "available": os.environ.get("FAKE_GPU") == "1"} if cuda else \\
+        {"version": "2.13.0+cpu", "cuda": None, "available": False}
+    with open(state, "w") as handle:
+        json.dump(build, handle)
+'''
+
+
+def fake_setup_tree(tmp_path: Path) -> Path:
+    """A copy of setup.sh and pyproject.toml whose .venv/bin/python is the real interpreter with a fake torch (a
+    state file says which build, if any, is installed), a fake transformers and a fake pip (logged, installs
+    nothing real)."""
+    tree = tmp_path / "tree"
+    (tree / ".venv" / "bin").mkdir(parents=True)
+    for name in ("setup.sh", "pyproject.toml"):
+        (tree / name).write_bytes((REPO / name).read_bytes())
+    (tree / "setup.sh").chmod(0o755)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "torch.py").write_text(FAKE_TORCH)
+    (shim / "transformers.py").write_text('__version__ = "5.0.0-fake"\n')  # the real one takes a second to import
+    python = tree / ".venv" / "bin" / "python"
+    fake_pip = tmp_path / "fake_pip.py"
+    fake_pip.write_text(FAKE_PIP)
+    python.write_text("#!/bin/sh\n"
+                      f'if [ "$1" = "-m" ] && [ "$2" = pip ]; then shift 2; exec {sys.executable} {fake_pip} "$@"; fi\n'
+                      f'PYTHONPATH={shim} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    (tmp_path / "cache" / "corpora" / "python-docs").mkdir(parents=True)  # the default corpus is there already
+    (tmp_path / "bin").mkdir()
+    return tree
+
+
+def run_setup(tmp_path: Path, torch_build=None, gpu=False, installed=None):
+    """setup.sh in the fake tree: ``installed`` is the torch build found before (None: none), ``gpu`` whether a
+    fake nvidia-smi lists a GPU (and the CUDA build can use it). Returns (result, pip calls)."""
+    tree = tmp_path / "tree" if (tmp_path / "tree").is_dir() else fake_setup_tree(tmp_path)
+    state = tmp_path / "torch.json"
+    if installed is not None:
+        state.write_text(json.dumps(installed))
+    log = tmp_path / "pip.log"
+    log.write_text("")
+    if gpu:
+        fake_nvidia_smi(tmp_path / "bin", H200)
+    else:
+        (tmp_path / "bin" / "nvidia-smi").unlink(missing_ok=True)
+    environment = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "FAKE_PIP_LOG": str(log),
+                   "FAKE_TORCH_STATE": str(state), "FAKE_GPU": "1" if gpu else "0",
+                   "SPECBENCH_CACHE": str(tmp_path / "cache")}
+    if torch_build is not None:
+        environment["SPECBENCH_TORCH"] = torch_build
+    result = subprocess.run(["bash", str(tree / "setup.sh")], capture_output=True, text=True, timeout=120,
+                            env=environment)
+    return result, [line for line in log.read_text().splitlines() if line]
+
+
+CPU_BUILD = {"version": "2.13.0+cpu", "cuda": None, "available": False}
+
+
+def torch_installs(calls):
+    return [call for call in calls if call.startswith("install") and "torch==" in call]
+
+
+def test_setup_without_torch_installs_the_cpu_build_and_reruns_instantly(tmp_path):
+    first, calls = run_setup(tmp_path)
+    assert first.returncode == 0, first.stderr
+    [install] = torch_installs(calls)
+    assert "torch==2.13.0" in install and "!=" not in install  # the CPU wheel (from PyTorch's index or pip's own)
+    assert "setup: torch 2.13.0+cpu, a CPU build (CUDA available: no)" in first.stdout
+    again, calls = run_setup(tmp_path)
+    assert again.returncode == 0 and calls == []  # the stamp: nothing is installed again
+    assert again.stdout.strip() == "setup: torch 2.13.0+cpu, a CPU build (CUDA available: no)"
+
+
+def test_setup_without_torch_on_a_gpu_machine_installs_the_cuda_build(tmp_path):
+    result, calls = run_setup(tmp_path, gpu=True)
+    assert result.returncode == 0, result.stderr
+    assert [call.split()[-1] for call in torch_installs(calls)] == ["torch==2.13.0,!=2.13.0+cpu"]
+    assert "setup: torch 2.13.0, a CUDA 12.8 build (CUDA available: yes)" in result.stdout
+    assert "WARNING" not in result.stderr
+
+
+def test_setup_keeps_a_cpu_torch_on_a_gpu_machine_with_a_warning_naming_the_fix(tmp_path):
+    result, calls = run_setup(tmp_path, gpu=True, installed=CPU_BUILD)
+    assert result.returncode == 0, result.stderr
+    assert torch_installs(calls) == []
+    assert "nvidia-smi lists a GPU, but this torch is a CPU build" in result.stderr
+    assert "SPECBENCH_TORCH=cuda ./setup.sh" in result.stderr
+
+
+def test_setup_told_cuda_replaces_a_cpu_torch_and_keeps_its_own_stamp(tmp_path):
+    result, calls = run_setup(tmp_path, torch_build="cuda", installed=CPU_BUILD)  # a login node: no GPU
+    assert result.returncode == 0, result.stderr
+    assert "uninstall -y -q torch" in calls
+    assert [call.split()[-1] for call in torch_installs(calls)] == ["torch==2.13.0,!=2.13.0+cpu"]
+    assert "replacing torch 2.13.0+cpu by the cuda build" in result.stdout
+    assert "setup: torch 2.13.0, a CUDA 12.8 build (CUDA available: no)" in result.stdout
+    again, calls = run_setup(tmp_path, torch_build="cuda")
+    assert again.returncode == 0 and calls == []
+    other, calls = run_setup(tmp_path, torch_build="auto")  # another choice, another stamp: specbench is reinstalled
+    assert other.returncode == 0 and torch_installs(calls) == [] and any("-e .[test]" in call for call in calls)
+
+
+def test_setup_told_cpu_replaces_a_cuda_torch(tmp_path):
+    result, calls = run_setup(tmp_path, torch_build="cpu", installed={"version": "2.13.0", "cuda": "12.8",
+                                                                      "available": False})
+    assert result.returncode == 0, result.stderr
+    assert "uninstall -y -q torch" in calls and "!=" not in torch_installs(calls)[0]
+    assert "setup: torch 2.13.0+cpu, a CPU build" in result.stdout
+
+
+def test_setup_told_skip_needs_a_torch_and_never_installs_one(tmp_path):
+    refused, calls = run_setup(tmp_path, torch_build="skip")
+    assert refused.returncode == 1 and calls == []
+    assert "SPECBENCH_TORCH=skip, but" in refused.stderr and "cannot import torch" in refused.stderr
+    kept, calls = run_setup(tmp_path, torch_build="skip", gpu=True, installed=CPU_BUILD)
+    assert kept.returncode == 0 and torch_installs(calls) == []
+    assert "setup: torch 2.13.0+cpu, a CPU build" in kept.stdout
+
+
+def test_setup_refuses_an_unknown_torch_choice(tmp_path):
+    result, calls = run_setup(tmp_path, torch_build="rocm")
+    assert result.returncode == 2 and calls == []
+    assert result.stderr.strip() == "setup: SPECBENCH_TORCH=rocm is not one of auto, cpu, cuda, skip"

@@ -1,6 +1,6 @@
 import torch
 
-from specbench.decoding.kv_cache import TreeKVCache
+from specbench.targets.kv_cache import TreeKVCache
 
 
 def fill(cache, values):

@@ -11,8 +11,9 @@ from conftest import ScriptedDrafter, greedy_reference
 
 import specbench.decoding.loop as loop
 from specbench.decoding.contract import Draft
-from specbench.decoding.kv_cache import TreeKVCache
+from specbench.targets.kv_cache import TreeKVCache
 from specbench.decoding.loop import Decoder, FencedClock
+from specbench.targets.transformers import TransformersTarget
 from specbench.decoding.plan import plan_verification
 from specbench.decoding.sampling import Sampling
 
@@ -58,6 +59,8 @@ class DeviceModel(torch.nn.Module):
 
 
 class TimedDrafter(ScriptedDrafter):
+    queues_device_work = True
+
     def __init__(self, timeline, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.timeline = timeline
@@ -91,7 +94,14 @@ def timed(monkeypatch, tiny):
     monkeypatch.setattr(loop, "greedy_accepted_path", charge(timeline, loop.greedy_accepted_path, WALK))
     monkeypatch.setattr(loop, "sampled_accepted_path", charge(timeline, loop.sampled_accepted_path, WALK))
     monkeypatch.setattr(TreeKVCache, "keep_nodes", charge(timeline, TreeKVCache.keep_nodes, COMPACT, on_device=True))
-    return timeline, DeviceModel(tiny.model, timeline)
+    blocking_read = TransformersTarget._download
+
+    def download(self, tensor):  # a device-to-host read waits for the queued work, as on a GPU
+        timeline.synchronize()
+        return blocking_read(self, tensor)
+
+    monkeypatch.setattr(TransformersTarget, "_download", download)
+    return timeline, TransformersTarget(DeviceModel(tiny.model, timeline))
 
 
 class Observed:
@@ -166,7 +176,7 @@ def test_outcomes_carry_the_targets_top_k_in_draft_numbering(tiny, prompt_ids, t
     ids = prompt_ids[0]
     reference = greedy_reference(tiny.model, ids, 10)
     drafter = Recorder(reference, length=6, mode="wrong")
-    decoder = Decoder(tiny.model, frozenset(), max_draft_tokens=2, target_top_k=top_k)
+    decoder = Decoder(tiny.backend, frozenset(), max_draft_tokens=2, target_top_k=top_k)
     decoder.generate(ids, drafter, 10)
     prefill, first, *_ = drafter.outcomes
     assert (prefill.step, first.step) == (0, 1)
@@ -185,7 +195,95 @@ def test_outcomes_carry_the_targets_top_k_in_draft_numbering(tiny, prompt_ids, t
 def test_generation_keeps_the_deciding_top_tokens(tiny, prompt_ids):
     ids = prompt_ids[1]
     reference = greedy_reference(tiny.model, ids, 12)
-    generation = Decoder(tiny.model, frozenset(), 8).generate(ids, ScriptedDrafter(reference, 4), 12)
+    generation = Decoder(tiny.backend, frozenset(), 8).generate(ids, ScriptedDrafter(reference, 4), 12)
     assert generation.top_ids.shape == (12, 8)
     assert generation.top_ids[:, 0].tolist() == generation.token_ids == reference
     assert (generation.top_logits[:, 0] >= generation.top_logits[:, 1]).all()
+
+
+class RoundTrips:
+    """Counts, per decoding step, what costs a GPU a round trip: synchronisations of the clock's fence, blocking
+    reads of the target's choices, uploads, and the operations that read a device scalar (``int(tensor)``,
+    ``.item()``) or need one (``nonzero``), which block on a GPU as well."""
+
+    SCALAR_READS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.item.default"}
+
+    def __init__(self, monkeypatch):
+        self.counts = {"syncs": 0, "reads": 0, "uploads": 0, "scalar_reads": 0}
+        self.per_step: list[dict] = []
+        self._last = dict(self.counts)
+        download, upload = TransformersTarget._download, TransformersTarget._upload_to
+
+        def counted_download(target, tensor):
+            self.counts["reads"] += 1
+            return download(target, tensor)
+
+        def counted_upload(target, array, device, role="offsets"):
+            self.counts["uploads"] += 1
+            return upload(target, array, device, role)
+
+        monkeypatch.setattr(TransformersTarget, "_download", counted_download)
+        monkeypatch.setattr(TransformersTarget, "_upload_to", counted_upload)
+
+    def synchronize(self):
+        self.counts["syncs"] += 1
+
+    def on_step(self, generated, elapsed):
+        self.per_step.append({key: self.counts[key] - self._last[key] for key in self.counts})
+        self._last = dict(self.counts)
+
+
+def count_scalar_reads(counter):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func) in RoundTrips.SCALAR_READS:
+                counter.counts["scalar_reads"] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Mode()
+
+
+class TreeScript(ScriptedDrafter):
+    """Two branches per step, the right one second, so that the KV cache must move the accepted nodes."""
+
+    def propose(self, context_ids):
+        chain = super().propose(context_ids)
+        right = chain.token_ids
+        wrong = (right + 1) % self.vocab_size
+        parents = list(range(-1, len(right) - 1)) + [-1] + list(range(len(right), 2 * len(right) - 1))
+        return Draft(torch.cat([wrong, right]), parents=torch.tensor(parents))
+
+
+# Per step: (fence synchronisations, blocking reads, uploads, device scalar reads). Greedy: the choices are the
+# one read and the compaction the one fence; the uploads are the ids, positions and mask block (+ the node
+# offsets when a tree's accepted nodes move). Sampling adds the walk's random draws, read one by one.
+ROUND_TRIPS = {
+    ("chain", 0.0): (1, 1, 3, 0),
+    ("tree", 0.0): (1, 1, 4, 0),
+    ("chain", 0.8): (1, 1, 3, None),
+}
+
+
+@pytest.mark.parametrize("shape,temperature", list(ROUND_TRIPS))
+def test_round_trips_per_step_are_pinned(monkeypatch, tiny, prompt_ids, shape, temperature):
+    counter = RoundTrips(monkeypatch)
+    ids = prompt_ids[0]
+    reference = greedy_reference(tiny.model, ids, 20)
+    drafter = (TreeScript if shape == "tree" else ScriptedDrafter)(reference, length=3, mode="right")
+    decoder = Decoder(tiny.backend, frozenset(), 16, sampling=Sampling(temperature=temperature),
+                      clock=FencedClock(counter.synchronize))
+    with count_scalar_reads(counter):
+        generation = decoder.generate(ids, drafter, 20, on_step=counter.on_step)
+    if temperature == 0:
+        assert generation.token_ids == reference
+    syncs, reads, uploads, scalar_reads = ROUND_TRIPS[(shape, temperature)]
+    full_steps = counter.per_step[1:-1]  # the first holds the prefill; the last may be cut short by the token budget
+    assert full_steps
+    for step in full_steps:
+        assert (step["syncs"], step["reads"], step["uploads"]) == (syncs, reads, uploads), step
+        if scalar_reads is not None:
+            assert step["scalar_reads"] == scalar_reads, step
+        else:  # sampling: the random draws of the walk, bounded by the nodes it tries, plus the recovered token
+            assert 1 <= step["scalar_reads"] <= 3 + 2, step

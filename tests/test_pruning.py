@@ -65,7 +65,7 @@ def test_an_identical_draft_model_has_every_token_accepted(tiny, prompt_ids, cap
     with caplog.at_level("WARNING"):
         drafter.prepare(tiny)
     assert "is not smaller than target tiny-random" in caplog.text
-    decoder = Decoder(tiny.model, frozenset(), 64)
+    decoder = Decoder(tiny.backend, frozenset(), 64)
     for ids in prompt_ids:
         generation = decoder.generate(ids, drafter, 31)
         assert generation.token_ids == greedy_reference(tiny.model, ids, 31)
@@ -101,7 +101,7 @@ def test_a_rejected_draft_is_rolled_back_exactly(tiny, prompt_ids):
         return draft
 
     drafter.propose = recording_propose
-    decoder = Decoder(tiny.model, frozenset(), 64)
+    decoder = Decoder(tiny.backend, frozenset(), 64)
     generation = decoder.generate(prompt_ids[0], drafter, 40)
     assert generation.token_ids == greedy_reference(tiny.model, prompt_ids[0], 40)
     accepted = [step.accepted_tokens for step in generation.steps[1:]]

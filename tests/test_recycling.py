@@ -17,8 +17,7 @@ class FakeTarget:
 
     def __init__(self, vocab=20, eos=(19,)):
         self.eos_token_ids = frozenset(eos)
-        self.model = type("M", (), {"config": type("C", (), {
-            "get_text_config": lambda self: type("T", (), {"vocab_size": vocab})()})()})()
+        self.vocab_size = vocab
 
 
 def level_sizes(template):
@@ -144,7 +143,7 @@ def test_the_loop_hands_the_drafter_the_targets_top_k_of_every_prompt_position(t
             original(tokens, top)
 
         drafter.learn = spy
-        Decoder(tiny.model, frozenset(), 80).generate(ids, drafter, 3)
+        Decoder(tiny.backend, frozenset(), 80).generate(ids, drafter, 3)
         tokens, top = seen[0]
         assert tokens.tolist() == ids[-rows:] and top.shape == (rows, 8)
         logits = tiny.model(input_ids=torch.tensor([ids])).logits[0]

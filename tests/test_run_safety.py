@@ -3,8 +3,11 @@ damaged converted model heals, cut lines are dropped, long prompts are skipped, 
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,10 +17,10 @@ import pytest
 import torch
 
 import specbench.models.tiny as tiny_module
+from specbench.artefacts import replace_directory
 from specbench.config import compose, group_options
 from specbench.errors import SpecbenchError
 from specbench.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
-from specbench.datastores.storage import replace_directory
 from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem
 from specbench.records import format_summary_table, read_answers
 from specbench.runlock import LOCK_NAME, RunLock
@@ -195,6 +198,78 @@ def test_a_lock_refused_on_a_new_directory_leaves_nothing_behind(tmp_path):
     with RunLock(target):
         pass  # released without keep(): the run was refused after locking
     assert not target.exists()
+
+
+@pytest.fixture
+def flock_errno():
+    return errno.ENOSYS
+
+
+@pytest.fixture
+def no_flock(flock_errno, monkeypatch):
+    """A filesystem without flock (Lustre without -o flock, some NFS mounts): flock raises, as they do."""
+    def unsupported(*args):
+        raise OSError(flock_errno, os.strerror(flock_errno))
+
+    monkeypatch.setattr(fcntl, "flock", unsupported)
+
+
+def finished_pid() -> int:
+    """The pid of a process of this host that has exited (and been reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("flock_errno", [errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK],
+                         ids=["ENOSYS", "EOPNOTSUPP", "ENOLCK"])
+def test_without_flock_a_run_directory_is_held_by_one_run_at_a_time(tmp_path, no_flock):
+    lock = tmp_path / LOCK_NAME
+    with RunLock(tmp_path) as held:
+        held.keep()
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        with pytest.raises(SpecbenchError, match=rf"in use by another run \(pid {os.getpid()} on ") as refused:
+            RunLock(tmp_path).acquire()
+        assert "remove" not in str(refused.value) and lock.is_file()  # the refused run left the holder's lock alone
+    assert not lock.exists()  # released: the lock is the file's existence
+    assert len(read_answers(tmp_path)) == 0
+    run_benchmark(compose(TINY), str(tmp_path))  # a whole run on this filesystem
+    assert len(read_answers(tmp_path)) == 1 and not lock.exists()
+    target = tmp_path / "new"
+    with RunLock(target):
+        pass  # refused after locking: nothing left behind
+    assert not target.exists()
+
+
+def test_without_flock_a_lock_left_by_a_killed_run_of_this_host_is_taken_over(tmp_path, no_flock, caplog):
+    pid = finished_pid()
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "started": "then"}))
+    with caplog.at_level("WARNING"):
+        run_benchmark(compose(TINY), str(tmp_path))
+    assert f"holder is no longer running (pid {pid} on {socket.gethostname()}" in caplog.text
+    assert len(read_answers(tmp_path)) == 1 and not (tmp_path / LOCK_NAME).exists()
+
+
+def test_without_flock_a_lock_held_on_another_host_is_refused_naming_the_file_to_remove(tmp_path, no_flock):
+    lock = tmp_path / LOCK_NAME
+    lock.write_text(json.dumps({"pid": 4242, "host": "node-17.cluster", "started": "2026-01-01T00:00:00"}))
+    with pytest.raises(SpecbenchError) as refused:
+        run_benchmark(compose(TINY), str(tmp_path))
+    message = str(refused.value)
+    assert "\n" not in message and "in use by another run (pid 4242 on node-17.cluster" in message
+    assert message.endswith(f"if that run is no longer running, remove {lock}")
+    assert not (tmp_path / "answers.jsonl").exists()
+    lock.unlink()  # what the message says to do
+    run_benchmark(compose(TINY), str(tmp_path))
+    assert len(read_answers(tmp_path)) == 1
+
+
+def test_a_lock_taken_by_creation_on_a_host_without_flock_is_respected_where_flock_works(tmp_path):
+    lock = tmp_path / LOCK_NAME
+    lock.write_text(json.dumps({"pid": 4242, "host": "node-17.cluster", "started": "then", "token": "t"}))
+    with pytest.raises(SpecbenchError, match=r"in use by another run \(pid 4242 on node-17.cluster.*remove"):
+        RunLock(tmp_path).acquire()
+    assert json.loads(lock.read_text())["pid"] == 4242
 
 
 # --- interrupted writes ---------------------------------------------------------------------------------

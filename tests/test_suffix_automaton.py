@@ -358,7 +358,8 @@ def built():
 def test_save_and_load_round_trip(built, tmp_path):
     directory = tmp_path / "sam"
     built.save(directory)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["sam"]  # no staging directory left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".sam.versions", "sam"]
+    assert not [p for p in (tmp_path / ".sam.versions").iterdir() if p.name.startswith(".staging-")]  # none left
     loaded = StaticSuffixAutomaton.load(directory, expected_manifest_subset={"source": {"corpus": "random"}})
     manifest = loaded.manifest
     assert manifest["format_version"] == sa.FORMAT_VERSION and manifest["source"] == {"corpus": "random"}

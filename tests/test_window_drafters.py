@@ -174,7 +174,7 @@ def test_lookahead_accepts_at_most_n_minus_1_tokens_a_step_as_lade_does(tiny, pr
     expected = greedy_reference(tiny.model, ids, 40)
     drafter = Lookahead(ngram_size=5, window_size=3, guess_set_size=7, accept_full_guess=accept_full_guess)
     context = ids + expected
-    decoder = Decoder(tiny.model, frozenset(), 64)
+    decoder = Decoder(tiny.backend, frozenset(), 64)
     original_begin = drafter.begin
 
     def begin(prompt):
@@ -282,7 +282,7 @@ def test_rest_accepts_long_runs_when_the_datastore_holds_the_output(tiny, prompt
     answers = [greedy_reference(tiny.model, ids, 64) for ids in prompt_ids]
     drafter = RetrievalDrafter(max_suffix_length=8, min_suffix_length=2)
     drafter.datastore = TokenDatastore.build(answers, {})
-    decoder = Decoder(tiny.model, frozenset(), 64)
+    decoder = Decoder(tiny.backend, frozenset(), 64)
     for ids, expected in zip(prompt_ids, answers):
         generation = decoder.generate(ids, drafter, 64)
         assert generation.token_ids == expected
@@ -291,7 +291,7 @@ def test_rest_accepts_long_runs_when_the_datastore_holds_the_output(tiny, prompt
 
 def test_hd_inside_the_lookahead_window_stays_lossless_and_drafts_while_the_window_fills(tiny, prompt_ids):
     drafter = HierarchyDrafting(order=["context"], lookahead_branch=True, window_size=4, draft_length=3)
-    decoder = Decoder(tiny.model, frozenset(), 64)
+    decoder = Decoder(tiny.backend, frozenset(), 64)
     for ids in prompt_ids:
         generation = decoder.generate(ids, drafter, 48)
         assert generation.token_ids == greedy_reference(tiny.model, ids, 48)

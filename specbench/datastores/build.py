@@ -3,7 +3,7 @@
 
 An ``auto`` database's cache key covers what it is built from by content (corpus files, prompt and question
 files: their SHA-256), so an edited file gives a new database; a cached one that fails its load checks is
-rebuilt with a warning (``storage.load_or_rebuild``), while one given by path stops the run with one line
+rebuilt with a warning (``artefacts.load_or_rebuild``), while one given by path stops the run with one line
 naming it and the command that rebuilds it."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 import specbench
+from specbench.artefacts import cache_root, cached_path, file_digest, load_or_rebuild
 from specbench.datastores.corpus import DEFAULT_CORPUS, corpus_identity, iter_documents, resolve_corpus
 from specbench.datastores.model_db import (
     count_document_ngrams,
@@ -26,10 +27,8 @@ from specbench.datastores.model_db import (
     save_model_db,
 )
 from specbench.datastores.sharegpt import SHAREGPT
-from specbench.datastores.storage import load_or_rebuild
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.errors import SpecbenchError
-from specbench.models import cache_root, cached_path, file_digest
 from specbench.data import SAMPLE_QUESTIONS, read_questions
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, drop_overlapping, model_db_prompts
 from specbench.target_answers import target_answers
@@ -70,7 +69,7 @@ def build_datastore(target, corpus: str, directory: Path, cache: Path) -> TokenD
 def vocab_size(target) -> int:
     """The target's vocabulary as the model sees it (its embedding rows): every token id in a database must be
     below it, or the model fails mid-run."""
-    return target.model.config.get_text_config().vocab_size
+    return target.vocab_size
 
 
 def corpus_cache_key(corpus: str, cache: Path) -> str:

@@ -29,8 +29,7 @@ from typing import Iterable, Sequence
 import numba
 import numpy as np
 
-from specbench.datastores.storage import read_manifest, replace_directory
-from specbench.models.cache import verify_files
+from specbench.artefacts import read_manifest, replace_directory, verify_files
 from specbench.datastores.suffix_array import out_of_vocabulary
 from specbench.errors import SpecbenchError
 

@@ -90,6 +90,10 @@ class StepOutcome:
                     one row, after the last prompt token, or one per prompt token (row i: after prompt token i)
                     for a drafter with ``reads_prompt_choices``. For drafters that learn from the target's
                     alternatives (Token Recycling).
+    hidden_states:  [len(layers), n, hidden] on the target's device, the hidden states of the drafter's
+                    ``hidden_state_layers`` at the positions that settled this step's tokens: the root and each
+                    accepted node, in order (n = 1 + len(accepted_nodes)); at step 0 every prompt position. None
+                    when the drafter asks for no layers. For drafters that read the target's features (EAGLE).
     """
 
     step: int
@@ -97,6 +101,7 @@ class StepOutcome:
     target_tokens: np.ndarray
     accepted_nodes: tuple[int, ...]
     target_top_ids: np.ndarray | None = None
+    hidden_states: torch.Tensor | None = None
 
 
 class Drafter(ABC):
@@ -108,6 +113,12 @@ class Drafter(ABC):
     target_top_k: int = 0
     #: whether the prefill should score every prompt position for it (a full-width output layer over the prompt)
     reads_prompt_choices: bool = False
+    #: whether propose/accept queue work on a device (a draft model): the loop then fences after them, so that
+    #: work is billed to drafting; a host-only drafter spares the step those synchronisations
+    queues_device_work: bool = False
+    #: the target's layers whose hidden states this drafter reads (0 = the embeddings' output, i = after decoder
+    #: layer i), in StepOutcome.hidden_states; () = none, and the target computes none
+    hidden_state_layers: tuple[int, ...] = ()
 
     def prepare(self, target, sampling=None) -> None:
         """Called once before the first question with the target (a ``specbench.models.LoadedModel``) and

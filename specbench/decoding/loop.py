@@ -1,12 +1,20 @@
 """The one decoding loop that every method runs through, the autoregressive baseline included.
 
-Each step is draft, verify, accept, record; every phase boundary is a fenced clock read (the device is
-synchronised first), so a phase's time holds exactly the work done in it:
+Each step is draft, verify, accept, record; the loop talks to the model only through a ``Target``
+(``specbench.decoding.target``). Every phase boundary is a clock read fenced as far as the work before it needs
+(the devices synchronised first where that work may still be queued), so a phase's time holds exactly the work
+done in it:
 
     draft_s     drafter.propose and drafter.accept (a model drafter's device work included)
     verify_s    the target's forward pass over the planned nodes, up to its choices being on the host
     overhead_s  planning the step (cuts, draft budget), building the inputs, the acceptance walk, the KV-cache
                 compaction, the draft budget's bookkeeping
+
+Fences per greedy step: the verify phase ends with the target's one blocking read of its choices, which waits
+for the pass, so no synchronisation is added there; building the inputs is host work (their uploads are queued
+without blocking and land in verify); the KV-cache compaction is device work, fenced once before the drafter
+learns; a drafter that queues device work of its own (``Drafter.queues_device_work``) adds a fence after
+proposing and after learning. A host-only drafter's step thus costs one synchronisation and one blocking read.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ import torch
 
 from specbench.decoding.budget import DraftBudget, VerifyCost
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.decoding.kv_cache import TreeKVCache
 from specbench.decoding.plan import VerifyPlan, plan_verification, verification_inputs
+from specbench.decoding.target import Target, TargetChoices
 from specbench.decoding.sampling import Sampling, draw, sampled_accepted_path, target_distribution
 from specbench.decoding.tree import greedy_accepted_path
 from specbench.records import StepRecord
@@ -34,12 +42,6 @@ class FencedClock:
     def __init__(self, synchronize: Callable[[], None], now: Callable[[], float] = time.perf_counter):
         self.synchronize = synchronize
         self.now = now
-
-    @staticmethod
-    def for_device(device: torch.device) -> FencedClock:
-        if device.type == "cuda":
-            return FencedClock(lambda: torch.cuda.synchronize(device))
-        return FencedClock(lambda: None)  # CPU work is done when the call returns
 
     def read(self) -> float:
         self.synchronize()
@@ -63,17 +65,6 @@ class Generation:
     finish_reason: str = "length"
     top_ids: np.ndarray | None = None
     top_logits: np.ndarray | None = None
-
-
-@dataclass(frozen=True)
-class TargetChoices:
-    """What one forward pass of the target says, on the host: per verified node its argmax and its top
-    ``k`` tokens with their logits (best first). ``logits`` stays on the device for sampling."""
-
-    argmax: np.ndarray  # [n_nodes]
-    top_ids: np.ndarray  # [n_nodes, k]
-    top_logits: np.ndarray  # [n_nodes, k]
-    logits: torch.Tensor  # [n_nodes, vocab]
 
 
 class VerifyShapes:
@@ -120,15 +111,14 @@ def cut_at_eos(tokens: list[int], eos_token_ids: frozenset[int]) -> tuple[list[i
 
 
 class _Sequence:
-    """The growing context of one decode: prompt + generated tokens in a preallocated buffer, the target's KV
-    cache, and the target's top-k per generated token."""
+    """The growing context of one decode: prompt + generated tokens in a preallocated buffer and the target's
+    top-k per generated token (the target keeps the KV cache)."""
 
-    def __init__(self, prompt: np.ndarray, headroom: int, num_layers: int):
+    def __init__(self, prompt: np.ndarray, headroom: int):
         self.prompt = prompt
         self.buffer = np.empty(prompt.size + headroom, dtype=np.int64)
         self.buffer[: prompt.size] = prompt
         self.length = prompt.size
-        self.cache = TreeKVCache(num_layers, self.buffer.size)
         self.top_ids: list[np.ndarray] = []
         self.top_logits: list[np.ndarray] = []
         self.ended = False
@@ -163,7 +153,7 @@ class _Sequence:
 
 
 class Decoder:
-    """Runs prefill + draft/verify steps on a target model.
+    """Runs prefill + draft/verify steps on a target.
 
     Greedy (temperature 0): the output is identical to plain greedy decoding, since every appended token is
     the target's own argmax given all tokens before it. Sampling: every appended token is distributed exactly
@@ -173,12 +163,12 @@ class Decoder:
     target_top_k: how many of the target's best tokens per verified node ``StepOutcome.target_top_ids`` carries
                   (0: none), at least the drafter's own ``target_top_k``. The generation keeps
                   max(target_top_k, diagnostic_top_k) per generated token.
-    clock:        the fenced clock of the phase boundaries (default: the model's device's).
+    clock:        the fenced clock of the phase boundaries (default: fenced by the target's synchronize).
     """
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        target: Target,
         eos_token_ids: frozenset[int],
         max_draft_tokens: int,
         verify_shapes: VerifyShapes | None = None,
@@ -189,7 +179,9 @@ class Decoder:
         diagnostic_top_k: int = 8,
         clock: FencedClock | None = None,
     ):
-        self.model = model
+        if not isinstance(target, Target):
+            raise TypeError(f"Decoder takes a specbench Target (LoadedModel.backend), not {type(target).__name__}")
+        self.target = target
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_draft_tokens = int(max_draft_tokens)
         self.verify_shapes = verify_shapes or VerifyShapes()
@@ -197,14 +189,10 @@ class Decoder:
         self.verify_cost = verify_cost  # learns from the step timings, if given
         self.sampling = sampling or Sampling()
         self.target_top_k = int(target_top_k)
-        self.top_k = max(self.target_top_k, int(diagnostic_top_k), 2)  # 2: the argmax needs a tie check
-        self._drafter_top_k = self.target_top_k  # of the decode in progress: set per drafter by generate
-        self.device = next(model.parameters()).device
-        self.clock = clock or FencedClock.for_device(self.device)
-        self.num_layers = model.config.get_text_config().num_hidden_layers
-        if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "flash_attention_2"):
-            # A boolean 4-D mask means "may attend" to SDPA; eager attention would add it as a bias.
-            raise ValueError("the target model must use SDPA attention for tree verification")
+        self.top_k = max(self.target_top_k, int(diagnostic_top_k), 2)
+        self._read_k = self.top_k  # of the decode in progress: at least the drafter's top-k (set by generate)
+        self._drafter_top_k = self.target_top_k
+        self.clock = clock or FencedClock(target.synchronize)
 
     def forget_learning(self) -> None:
         """Reset what the draft budget and the verify cost learned from earlier steps to their calibrated
@@ -223,11 +211,13 @@ class Decoder:
         progress display; it should return quickly, since its time counts in the wall time (not in a phase).
         seed: seed of this decode's random draws when sampling (default: the sampling config's seed).
         """
-        generator = torch.Generator(device=self.device)
+        generator = torch.Generator(device=self.target.device)
         generator.manual_seed(self.sampling.seed if seed is None else seed)
         self._drafter_top_k = max(self.target_top_k, int(drafter.target_top_k))
-        sequence = _Sequence(np.asarray(prompt_ids, dtype=np.int64), max_new_tokens + self.max_draft_tokens + 1,
-                             self.num_layers)
+        self._read_k = max(self.top_k, self._drafter_top_k)
+        sequence = _Sequence(np.asarray(prompt_ids, dtype=np.int64), max_new_tokens + self.max_draft_tokens + 1)
+        self.target.start(sequence.buffer.size)
+        self.target.request_hidden_states(tuple(drafter.hidden_state_layers))
         started = self.clock.read()
         steps = [self._prefill_step(sequence, drafter, generator)]
         while not sequence.ended and sequence.generated < max_new_tokens:
@@ -241,19 +231,20 @@ class Decoder:
 
     def _prefill_step(self, sequence: _Sequence, drafter: Drafter, generator) -> StepRecord:
         """Step 0: the drafter meets the prompt, the target reads it and picks the first token."""
-        read = self.clock.read
+        read, fence_drafter = self.clock.read, self._drafter_fence(drafter)
         started = read()
         drafter.begin(sequence.prompt)
-        began = read()
-        choices = self._prefill(sequence.cache, sequence.prompt, every_position=drafter.reads_prompt_choices)
-        prefilled = read()
+        began = fence_drafter()
+        choices = self.target.prefill(sequence.prompt, drafter.reads_prompt_choices, self._read_k)
+        prefilled = self.clock.now()  # the choices' read waited for the pass
         first = int(choices.argmax[-1]) if self.sampling.greedy else draw(
             target_distribution(choices.logits[-1:], self.sampling)[0], generator)
         self._append(sequence, [first], choices, [len(choices.argmax) - 1])
         picked = read()
         drafter.accept(sequence.last(1), StepOutcome(step=0, draft=Draft.empty(), target_tokens=choices.argmax[-1:],
-                                                     accepted_nodes=(), target_top_ids=self._top_for_drafter(choices)))
-        done = read()
+                                                     accepted_nodes=(), target_top_ids=self._top_for_drafter(choices),
+                                                     hidden_states=self.target.hidden_states()))
+        done = fence_drafter()
         return StepRecord(step=0, draft_tokens=0, verify_tokens=sequence.prompt.size, accepted_tokens=1,
                           draft_s=(began - started) + (done - picked), verify_s=prefilled - began,
                           overhead_s=picked - prefilled, context_len=sequence.prompt.size)
@@ -261,32 +252,32 @@ class Decoder:
     def _step(self, step: int, sequence: _Sequence, drafter: Drafter, remaining: int, generator) -> StepRecord:
         """One decoding step: draft, verify, accept, record. It adds at most ``remaining`` tokens, the last of
         which is the target's own (the bonus token)."""
-        read = self.clock.read
-        step_started = read()
+        now, fence_drafter = self.clock.now, self._drafter_fence(drafter)
+        step_started = now()  # the previous step ended fenced
         draft = drafter.propose(sequence.context)
-        drafted = read()
+        drafted = fence_drafter()
 
         plan = plan_verification(draft, sequence.last_token, remaining - 1, self.max_draft_tokens,
                                  self.draft_budget, drafter.name)
-        start = sequence.cache.length
+        start = self.target.length
         verify_tokens = self.verify_shapes.padded(plan.n_nodes)
-        inputs = verification_inputs(plan, start, verify_tokens, self.device)
-        built = read()
+        inputs = verification_inputs(plan, start, verify_tokens)
+        built = now()  # host work only
 
-        choices = self._verify(sequence.cache, inputs, plan.n_nodes)
-        verified = read()
+        choices = self.target.verify(inputs, plan.n_nodes, self._read_k)
+        verified = now()  # the choices' read waited for the pass
 
         path, final = self._accept(plan, choices, draft, generator)
         context_len = sequence.length
         new_tokens = self._append(sequence, [int(t) for t in plan.node_tokens[path]] + [final], choices, [0, *path])
-        sequence.cache.keep_nodes(start, [0, *path])
+        self.target.keep(start, [0, *path])
         self._learn_costs(drafter.name, plan, path, verify_tokens, verified - built)
         outcome = self._outcome(step, draft, plan, choices, path)
         candidate_tokens, draft_depth = plan.candidate_tokens(), plan.candidate_depth()
-        bookkept = read()
+        bookkept = self.clock.read()  # the compaction is device work
 
         drafter.accept(sequence.last(len(new_tokens)), outcome)
-        step_done = read()
+        step_done = fence_drafter()
 
         return StepRecord(
             step=step, draft_tokens=plan.n_nodes - 1, candidate_tokens=candidate_tokens,
@@ -296,6 +287,10 @@ class Decoder:
             draft_depth=draft_depth,
             source=draft.sources[outcome.accepted_nodes[-1]] if outcome.accepted_nodes and draft.sources else "",
         )
+
+    def _drafter_fence(self, drafter: Drafter) -> Callable[[], float]:
+        """The clock read that ends a drafter's work: fenced when it may have queued device work."""
+        return self.clock.read if drafter.queues_device_work else self.clock.now
 
     def _append(self, sequence: _Sequence, tokens: list[int], choices: TargetChoices, deciding_nodes: list[int]):
         """Append ``tokens`` (cut after an EOS) with the top-k of the node whose output settled each one."""
@@ -321,7 +316,7 @@ class Decoder:
             return path, int(choices.argmax[path[-1] if path else 0])
         draft_probs = None
         if draft.probs is not None:
-            draft_probs = draft.probs[torch.from_numpy(plan.draft_indices).to(draft.probs.device)]
+            draft_probs = draft.probs[self.target.upload(plan.draft_indices).to(draft.probs.device)]
         return sampled_accepted_path(plan.parents, plan.node_tokens, target_distribution(choices.logits, self.sampling),
                                      draft_probs, plan.candidates, generator)
 
@@ -330,38 +325,12 @@ class Decoder:
         top = self._top_for_drafter(choices)
         return StepOutcome(step=step, draft=draft, target_tokens=plan.scatter(choices.argmax),
                            accepted_nodes=tuple(plan.to_draft(node) for node in path),
-                           target_top_ids=None if top is None else plan.scatter(top))
+                           target_top_ids=None if top is None else plan.scatter(top),
+                           hidden_states=self.target.hidden_states([0, *path]))
 
     def _top_for_drafter(self, choices: TargetChoices) -> np.ndarray | None:
         k = self._drafter_top_k
         return choices.top_ids[:, :k] if k else None
-
-    def _choices(self, logits: torch.Tensor) -> TargetChoices:
-        """Read the target's choices back to the host. One top-k pass serves both the argmax and the
-        diagnostics; where the two best logits tie exactly, topk's order is unspecified, so those rows take
-        argmax's (the first best index, as plain greedy decoding picks)."""
-        k = max(self.top_k, self._drafter_top_k)
-        top_logits, top_ids = logits.topk(min(k, logits.shape[-1]), dim=-1)  # a vocabulary may be tiny
-        top_ids, top_logits = top_ids.cpu().numpy(), top_logits.float().cpu().numpy()
-        argmax = top_ids[:, 0].copy()
-        tied = np.flatnonzero(top_logits[:, 0] == top_logits[:, 1]) if top_logits.shape[1] > 1 else []
-        if len(tied):
-            argmax[tied] = logits[torch.from_numpy(tied).to(logits.device)].argmax(dim=-1).cpu().numpy()
-        return TargetChoices(argmax=argmax, top_ids=top_ids, top_logits=top_logits, logits=logits)
-
-    def _prefill(self, cache: TreeKVCache, prompt: np.ndarray, every_position: bool = False) -> TargetChoices:
-        """The target reads the prompt; its choices after the last prompt token, or after every one."""
-        input_ids = torch.from_numpy(prompt).to(self.device).unsqueeze(0)
-        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True,
-                            logits_to_keep=0 if every_position else 1).logits[0]
-        return self._choices(logits)
-
-    def _verify(self, cache: TreeKVCache, inputs, n_nodes: int) -> TargetChoices:
-        """One verification forward pass; the choices of the first ``n_nodes`` (the padding's are dropped)."""
-        input_ids, position_ids, mask = inputs
-        logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=cache,
-                            use_cache=True).logits[0, :n_nodes]
-        return self._choices(logits)
 
     @torch.inference_mode()
     def measure_verify_latency(self, prompt_ids: list[int], sizes: list[int], repeats: int) -> dict[int, float]:
@@ -369,17 +338,18 @@ class Decoder:
         step's verify_s counts it), for each q in ``sizes``, on top of the KV cache of ``prompt_ids``. Repeats
         are interleaved across sizes so drift hits all alike."""
         prompt = np.asarray(prompt_ids, dtype=np.int64)
-        cache = TreeKVCache(self.num_layers, prompt.size + max(sizes))
-        self._prefill(cache, prompt)
-        start = cache.length
+        self.target.start(prompt.size + max(sizes))
+        self.target.request_hidden_states(())
+        self.target.prefill(prompt, False, self.top_k)
+        start = self.target.length
         timings: dict[int, list[float]] = {size: [] for size in sizes}
         for _ in range(repeats):
             for size in sizes:
                 tokens = np.resize(prompt, size)
                 plan = plan_verification(Draft.chain(tokens[1:]), int(tokens[0]), size, size)
-                inputs = verification_inputs(plan, start, size, self.device)
+                inputs = verification_inputs(plan, start, size)
                 began = self.clock.read()
-                self._verify(cache, inputs, plan.n_nodes)
+                self.target.verify(inputs, plan.n_nodes, self.top_k)
                 timings[size].append(self.clock.read() - began)
-                cache.truncate(start)
+                self.target.truncate(start)
         return {size: float(np.median(values)) for size, values in timings.items()}

@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-
 from specbench.decoding.budget import DraftBudget
 from specbench.decoding.contract import Draft
+from specbench.decoding.target import VerifyInputs
 from specbench.decoding.tree import (
     ancestor_matrix,
     chain_parents,
@@ -117,10 +116,11 @@ def plan_verification(draft: Draft, root_token: int, max_depth: int, max_nodes: 
                       np.concatenate(([0], depths[kept])), node_candidates, kinds, tokens.size)
 
 
-def verification_inputs(plan: VerifyPlan, start: int, padded_size: int, device: torch.device):
-    """input ids [1, q], position ids [1, q] and the boolean attention mask [1, 1, q, start + q] for the plan's
-    nodes written from cache position ``start``, padded to ``padded_size`` (q) tokens with copies of the root
-    that nothing attends to and whose outputs are dropped."""
+def verification_inputs(plan: VerifyPlan, start: int, padded_size: int) -> VerifyInputs:
+    """The host side of a pass over the plan's nodes written from cache position ``start``, padded to
+    ``padded_size`` (q) tokens with copies of the root that nothing attends to and whose outputs are dropped:
+    token ids [q], position ids [q] and the [q, q] block of the attention mask that the nodes add (a node sees
+    its ancestors and itself; every cached position is visible to all)."""
     n_nodes = plan.n_nodes
     assert padded_size >= n_nodes
     tokens = np.empty(padded_size, dtype=np.int64)
@@ -131,10 +131,4 @@ def verification_inputs(plan: VerifyPlan, start: int, padded_size: int, device: 
     visible = np.zeros((padded_size, padded_size), dtype=bool)
     visible[:n_nodes, :n_nodes] = ancestor_matrix(plan.parents)
     visible[np.arange(n_nodes, padded_size), np.arange(n_nodes, padded_size)] = True
-    mask = torch.ones((1, 1, padded_size, start + padded_size), dtype=torch.bool)
-    mask[0, 0, :, start:] = torch.from_numpy(visible)
-    return (
-        torch.from_numpy(tokens).to(device).unsqueeze(0),
-        torch.from_numpy(positions).to(device).unsqueeze(0),
-        mask.to(device),
-    )
+    return VerifyInputs(tokens=tokens, positions=positions, visible=visible, start=start)

@@ -38,7 +38,7 @@ def check_token_id(key: str, value) -> int | None:
 
 def require_in_vocabulary(key: str, token: int | None, target) -> None:
     """Reject a token-id setting outside the target's vocabulary, naming the key and the vocabulary size."""
-    size = target.model.config.get_text_config().vocab_size
+    size = target.vocab_size
     if token is not None and token >= size:
         raise SpecbenchError(f"drafter.{key}={token} is not a token of {target.name} (vocabulary of {size}); "
                              "use a smaller id, or null for no draft when nothing matches")

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specbench.decoding.kv_cache import TreeKVCache
+from specbench.models.loaded import parameter_count
+from specbench.targets.kv_cache import TreeKVCache
+from specbench.targets.transformers import cache_keyword, forward_with_cache
 from specbench.decoding.sampling import Sampling, target_distribution
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.drafters.base import require_positive
@@ -31,7 +33,7 @@ def plain(value):
 
 
 def pruned_draft_directory(target, spec: dict, cache_dir: str | None) -> Path:
-    from specbench.models import cached_path
+    from specbench.artefacts import cached_path
 
     return cached_path(cache_dir, "drafts", f"{target.name}-pruned", {"source": target.source, **spec})
 
@@ -44,6 +46,8 @@ class DraftModel(Drafter):
     cache), or ``{pruned: {layers, selection, distill_tokens, corpus}}`` for a depth-pruned copy of the
     target built by ``scripts/prune_draft.py`` (on first use if missing).
     """
+
+    queues_device_work = True  # its forward passes run on the target's device
 
     def __init__(self, name: str = "draft_model", model: dict | None = None, drafts_by_family: dict | None = None,
                  gamma: int = 4, adaptive_gamma: bool = False, max_gamma: int | None = 16,
@@ -114,15 +118,16 @@ class DraftModel(Drafter):
                     f"({target.source}): their vocabularies differ, so its tokens would mean other words"
                 )
             draft, draft_name = loaded.model, loaded.source
-        draft_size = sum(p.numel() for p in draft.parameters())
-        target_size = sum(p.numel() for p in target.model.parameters())
+        draft_size = parameter_count(draft)
+        target_size = target.parameter_count
         if draft_size >= target_size:
             log.warning("draft model %s (%d parameters) is not smaller than target %s (%d): it cannot speed decoding up",
                         draft_name, draft_size, target.name, target_size)
         self.draft = draft
         self.draft_name = draft_name
         self.num_layers = draft.config.get_text_config().num_hidden_layers
-        self.vocab_size = target.model.config.get_text_config().vocab_size
+        self._cache_keyword = cache_keyword(draft)
+        self.vocab_size = target.vocab_size
         self.sampling = sampling or Sampling()
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(self.sampling.seed)
@@ -138,7 +143,8 @@ class DraftModel(Drafter):
 
     def _next_logits(self, tokens: np.ndarray) -> torch.Tensor:
         input_ids = torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device).unsqueeze(0)
-        logits = self.draft(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        logits = forward_with_cache(self.draft, self.cache, self._cache_keyword, input_ids=input_ids,
+                                    logits_to_keep=1).logits[0, -1]
         # Align with the target's vocabulary (embedding tables are often padded to different sizes).
         if logits.shape[0] < self.vocab_size:
             logits = torch.nn.functional.pad(logits, (0, self.vocab_size - logits.shape[0]), value=float("-inf"))

@@ -141,7 +141,7 @@ class HierarchyDrafting(Drafter):
     def prepare(self, target, sampling=None) -> None:
         from specbench.datastores import build
 
-        self.vocab_size = target.model.config.get_text_config().vocab_size
+        self.vocab_size = target.vocab_size
         if "model" in self.order:
             self.model_db = build.model_db(target, self.model_db_path, 1, self.draft_length, self.per_key_capacity,
                                            self.model_db_build, self.cache_dir,

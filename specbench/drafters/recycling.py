@@ -147,7 +147,7 @@ class TokenRecycling(Drafter):
         self._root = -1
 
     def prepare(self, target, sampling=None) -> None:
-        vocab = target.model.config.get_text_config().vocab_size
+        vocab = target.vocab_size
         self.successors = np.zeros((vocab, self.top_k), dtype=np.int64)
         self.eos_token_ids = frozenset(int(t) for t in target.eos_token_ids)
 

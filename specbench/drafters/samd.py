@@ -48,8 +48,7 @@ def corpus_automaton(target, corpus: str, cache_dir: str | None = None) -> Stati
     one-token document, so that any token has a match of at least 1. The cache key covers the corpus's
     content, the vocabulary size and EOS; a cached automaton that fails its load checks is rebuilt."""
     from specbench.datastores.build import corpus_cache_key, statistics_datastore, vocab_size
-    from specbench.datastores.storage import load_or_rebuild
-    from specbench.models import cache_root
+    from specbench.artefacts import cache_root, load_or_rebuild
 
     cache = cache_root(cache_dir)
     vocab, eos = vocab_size(target), _eos_token(target)

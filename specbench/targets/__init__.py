@@ -1,0 +1,1 @@
+"""Target implementations behind ``specbench.decoding.target.Target``: transformers wherever it was placed."""

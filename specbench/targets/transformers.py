@@ -1,0 +1,196 @@
+"""The target as transformers runs it: one model object on one device, its layers spread over several GPUs by
+accelerate (``device_map``), or one shard of it per process under transformers' tensor parallelism (``tp_plan``,
+under ``torchrun``). The sharding is how the model was loaded; this class only learns which devices to fence and
+where its inputs and logits live.
+
+Device round trips are a GPU's per-step tax, so a verification pass makes exactly one blocking device-to-host
+read (the choices, packed into one block), uploads its inputs from pinned host buffers without blocking, and
+builds the attention mask on the device from the [q, q] block that changes (every cached position is visible).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+
+from specbench.decoding.target import Target, TargetChoices, VerifyInputs
+from specbench.errors import SpecbenchError
+from specbench.targets.kv_cache import TreeKVCache
+
+# Choices travel to the host as float32: token ids below 2**24 are exact in it.
+_LARGEST_EXACT_ID = 2**24
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name under which ``model.forward`` takes the KV cache: ``cache`` from transformers 5.24 on,
+    ``past_key_values`` before (those releases silently ignore an unknown ``cache=``)."""
+    parameters = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    import transformers
+    from packaging.version import Version
+
+    # A wrapper whose forward takes **kwargs only: the installed release's name.
+    return "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
+
+
+def forward_with_cache(model: torch.nn.Module, cache, keyword: str | None = None, **inputs):
+    """``model(**inputs)`` with ``cache`` passed under the keyword this transformers takes."""
+    return model(**inputs, **{keyword or cache_keyword(model): cache}, use_cache=True)
+
+
+def model_devices(model: torch.nn.Module) -> tuple[torch.device, torch.device, tuple[torch.device, ...]]:
+    """(input device, logits device, every device holding a parameter) of a model, wherever it was placed."""
+    devices = sorted({parameter.device for parameter in model.parameters()}, key=str)
+    placement = getattr(model, "hf_device_map", None)
+    if placement and len(devices) > 1:
+        input_device = model.get_input_embeddings().weight.device
+        output_device = model.get_output_embeddings().weight.device
+        return input_device, output_device, tuple(devices)
+    return devices[0], devices[0], tuple(devices)
+
+
+class _PinnedStaging:
+    """Host buffers in page-locked memory, one per role, that uploads copy through without blocking. A buffer
+    is reused only after the step's blocking read of the choices, which waits for every earlier copy."""
+
+    def __init__(self):
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def stage(self, role: str, array: np.ndarray) -> torch.Tensor:
+        flat = torch.from_numpy(np.ascontiguousarray(array)).reshape(-1)
+        buffer = self.buffers.get(role)
+        if buffer is None or buffer.dtype != flat.dtype or buffer.numel() < flat.numel():
+            buffer = torch.empty(max(flat.numel(), 2 * (0 if buffer is None else buffer.numel()), 64),
+                                 dtype=flat.dtype).pin_memory()
+            self.buffers[role] = buffer
+        staged = buffer[: flat.numel()]
+        staged.copy_(flat)
+        return staged.view(array.shape)
+
+
+class TransformersTarget(Target):
+    """A transformers causal LM (SDPA attention) behind the ``Target`` interface."""
+
+    def __init__(self, model: torch.nn.Module):
+        if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "flash_attention_2"):
+            # A boolean 4-D mask means "may attend" to SDPA; eager attention would add it as a bias.
+            raise SpecbenchError("the target model must use SDPA attention for tree verification")
+        text_config = model.config.get_text_config()
+        self.model = model
+        self.vocab_size = int(text_config.vocab_size)
+        self.num_layers = int(text_config.num_hidden_layers)
+        if self.vocab_size > _LARGEST_EXACT_ID:
+            raise SpecbenchError(f"a vocabulary of {self.vocab_size} tokens is larger than specbench supports "
+                                 f"({_LARGEST_EXACT_ID})")
+        self.input_device, self.device, self.devices = model_devices(model)
+        self._cuda_devices = tuple(device for device in self.devices if device.type == "cuda")
+        self._keyword = cache_keyword(model)
+        self._staging = _PinnedStaging() if self.input_device.type == "cuda" else None
+        self._cache: TreeKVCache | None = None
+        self._mask: torch.Tensor | None = None  # [rows, columns] True, on the input device
+        self._hidden_layers: tuple[int, ...] = ()
+        self._hidden: torch.Tensor | None = None
+
+    # ---- the sequence --------------------------------------------------------------------------------
+
+    def start(self, capacity: int) -> None:
+        self._cache = TreeKVCache(self.num_layers, capacity)
+
+    @property
+    def length(self) -> int:
+        return self._cache.length
+
+    def keep(self, start: int, nodes: list[int]) -> None:
+        self._cache.keep_nodes(start, nodes, upload=self._upload_to)
+
+    def truncate(self, length: int) -> None:
+        self._cache.truncate(length)
+
+    # ---- forward passes ------------------------------------------------------------------------------
+
+    def prefill(self, prompt_ids: np.ndarray, every_position: bool, top_k: int) -> TargetChoices:
+        input_ids = self._upload_to(prompt_ids, self.input_device, "prompt").unsqueeze(0)
+        output = self._forward(input_ids=input_ids, logits_to_keep=0 if every_position else 1)
+        return self._choices(output.logits[0], top_k)
+
+    def verify(self, inputs: VerifyInputs, n_nodes: int, top_k: int) -> TargetChoices:
+        size = inputs.tokens.size
+        input_ids = self._upload_to(inputs.tokens, self.input_device, "tokens").unsqueeze(0)
+        position_ids = self._upload_to(inputs.positions, self.input_device, "positions").unsqueeze(0)
+        mask = self._attention_mask(inputs.start, self._upload_to(inputs.visible, self.input_device, "visible"))
+        output = self._forward(input_ids=input_ids, position_ids=position_ids, attention_mask=mask)
+        # Queued after the pass that reads it: the block is all True again for the next step's mask.
+        self._mask[:size, inputs.start : inputs.start + size] = True
+        return self._choices(output.logits[0, :n_nodes], top_k)
+
+    def _forward(self, **inputs):
+        output = forward_with_cache(self.model, self._cache, self._keyword, **inputs,
+                                    output_hidden_states=bool(self._hidden_layers))
+        if self._hidden_layers:
+            self._hidden = torch.stack([output.hidden_states[layer][0].to(self.device)
+                                        for layer in self._hidden_layers])
+        return output
+
+    def _attention_mask(self, start: int, visible: torch.Tensor) -> torch.Tensor:
+        """[1, 1, q, start + q]: all True but the nodes' own [q, q] block, written in place on the device."""
+        size = visible.shape[0]
+        rows, columns = size, start + size
+        if self._mask is None or self._mask.shape[0] < rows or self._mask.shape[1] < columns:
+            old = self._mask
+            shape = (max(rows, 0 if old is None else old.shape[0]),
+                     max(2 * columns, 0 if old is None else old.shape[1]))
+            self._mask = torch.ones(shape, dtype=torch.bool, device=self.input_device)
+        self._mask[:rows, start:columns] = visible
+        return self._mask[:rows, :columns].unsqueeze(0).unsqueeze(0)
+
+    def _choices(self, logits: torch.Tensor, top_k: int) -> TargetChoices:
+        """One top-k and one argmax on the device, read back as one block (the step's one blocking read)."""
+        k = min(max(top_k, 1), logits.shape[-1])  # a vocabulary may be tiny
+        top_logits, top_ids = logits.topk(k, dim=-1)
+        # topk's order among exactly tied logits is unspecified; argmax gives the first best index.
+        argmax = logits.argmax(dim=-1, keepdim=True)
+        block = self._download(torch.cat([top_logits.float(), top_ids.float(), argmax.float()], dim=-1))
+        return TargetChoices(argmax=block[:, 2 * k].astype(np.int64), top_ids=block[:, k : 2 * k].astype(np.int64),
+                             top_logits=np.ascontiguousarray(block[:, :k]), logits=logits)
+
+    # ---- transfers and the fence ---------------------------------------------------------------------
+
+    def upload(self, array: np.ndarray) -> torch.Tensor:
+        return self._upload_to(array, self.device, "upload")
+
+    def _upload_to(self, array: np.ndarray, device: torch.device, role: str = "offsets") -> torch.Tensor:
+        """Host array -> tensor on ``device``: a view on a CPU, a non-blocking copy from pinned memory on a GPU."""
+        if device.type == "cpu":
+            return torch.from_numpy(np.ascontiguousarray(array))
+        if self._staging is None:
+            return torch.as_tensor(array, device=device)
+        return self._staging.stage(f"{role}@{device}", array).to(device, non_blocking=True)
+
+    def _download(self, tensor: torch.Tensor) -> np.ndarray:
+        """The one blocking device-to-host read of a pass."""
+        return tensor.cpu().numpy()
+
+    def synchronize(self) -> None:
+        for device in self._cuda_devices:
+            torch.cuda.synchronize(device)
+
+    # ---- hidden states -------------------------------------------------------------------------------
+
+    def request_hidden_states(self, layers: tuple[int, ...]) -> None:
+        for layer in layers:
+            if not 0 <= layer <= self.num_layers:
+                raise SpecbenchError(f"hidden states of layer {layer} requested; the target has layers 0.."
+                                     f"{self.num_layers} (0: the embeddings' output)")
+        self._hidden_layers = tuple(int(layer) for layer in layers)
+        self._hidden = None
+
+    def hidden_states(self, rows: list[int] | None = None) -> torch.Tensor | None:
+        if self._hidden is None:
+            return None
+        if rows is None:
+            return self._hidden
+        return self._hidden.index_select(1, self.upload(np.asarray(rows, dtype=np.int64)))
