@@ -8,14 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# About 1.5 minutes on 2 cores: behind the slow marker, so the default run stays short; .ci/run runs the
-# script itself after the default tests, so CI still proves it passes.
-@pytest.mark.slow
 def test_gpu_check_passes_on_the_cpu(tmp_path):
     out = tmp_path / "check.json"
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
