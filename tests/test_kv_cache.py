@@ -48,3 +48,17 @@ def test_truncate_forgets_the_tail():
     cache.truncate(1)
     fill(cache, [9])
     assert layer_values(cache) == [1, 9]
+
+
+def test_both_crop_conventions_and_both_mask_size_arguments_of_transformers_5():
+    cache = TreeKVCache(2, 16)
+    fill(cache, [1, 2, 3, 4, 5, 6])
+    layer = cache.layers[0]
+    layer.crop(-2)  # every 5.x release: a count to remove
+    assert layer_values(cache) == [1, 2, 3, 4]
+    layer.crop(3)  # before 5.15: the length to keep
+    assert layer_values(cache) == [1, 2, 3]
+    layer.crop(0)
+    assert layer_values(cache) == [1, 2, 3]
+    # 5.4 on pass the query's length, 5.0 to 5.3 its cache positions
+    assert layer.get_mask_sizes(4) == layer.get_mask_sizes(torch.arange(3, 7)) == (7, 0)

@@ -74,7 +74,7 @@ def test_rank_zero_alone_writes_and_records_the_placement(placements):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["model.tp_plan=auto"], "shards the model over processes, one per device: run it under torchrun"),
+    (["model.tp_plan=auto"], "shards the model over processes, one per device, and this job has 1: run it under torchrun"),
     (["model.tp_plan=auto", "model.device_map=cpu"], "set model.tp_plan or model.device_map, not both"),
     (["model.device_map=auto"], "places layers on GPUs, but torch sees none"),
 ])

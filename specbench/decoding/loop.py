@@ -316,7 +316,7 @@ class Decoder:
             return path, int(choices.argmax[path[-1] if path else 0])
         draft_probs = None
         if draft.probs is not None:
-            draft_probs = draft.probs[self.target.upload(plan.draft_indices).to(draft.probs.device)]
+            draft_probs = draft.probs[self.target.upload(plan.draft_indices, "draft_indices").to(draft.probs.device)]
         return sampled_accepted_path(plan.parents, plan.node_tokens, target_distribution(choices.logits, self.sampling),
                                      draft_probs, plan.candidates, generator)
 

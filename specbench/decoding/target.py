@@ -86,8 +86,9 @@ class Target(ABC):
         """Wait for all work queued on the devices the model uses: the fence of the loop's clock."""
 
     @abstractmethod
-    def upload(self, array: np.ndarray) -> torch.Tensor:
-        """``array`` on the logits' device, without blocking the host where the device allows it."""
+    def upload(self, array: np.ndarray, role: str = "upload") -> torch.Tensor:
+        """``array`` on the logits' device, without blocking the host where the device allows it; ``role`` names
+        the upload, so that two uploads of one step never share a staging buffer."""
 
     def request_hidden_states(self, layers: tuple[int, ...]) -> None:
         """From the next pass on, keep the hidden states of ``layers`` (0 = the embeddings' output, i = after

@@ -46,8 +46,9 @@ def choose_placement(name: str, tp_plan: str | None, device_map, device: torch.d
         if tp_plan != "auto":
             raise SpecbenchError(f"model.tp_plan={tp_plan!r} is not supported; use auto (the model's own plan) or null")
         if world_size() < 2:
-            raise SpecbenchError("model.tp_plan=auto shards the model over processes, one per device: run it under "
-                                 "torchrun, e.g. `torchrun --nproc-per-node 2 -m specbench model.tp_plan=auto ...`")
+            raise SpecbenchError(f"model.tp_plan=auto shards the model over processes, one per device, and this job has "
+                                 f"{world_size()}: run it under torchrun with two or more, e.g. "
+                                 "`torchrun --nproc-per-node 2 -m specbench model.tp_plan=auto ...`")
         return Placement("tensor_parallel", {"tp_plan": "auto"})
     if device_map is not None:
         if world_size() > 1:

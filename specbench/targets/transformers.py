@@ -55,7 +55,8 @@ def model_devices(model: torch.nn.Module) -> tuple[torch.device, torch.device, t
 
 class _PinnedStaging:
     """Host buffers in page-locked memory, one per role, that uploads copy through without blocking. A buffer
-    is reused only after the step's blocking read of the choices, which waits for every earlier copy."""
+    is reused only after the step's blocking read of the choices, which waits for every earlier copy; so each
+    upload of one step has a role of its own (two copies in flight from one buffer would race)."""
 
     def __init__(self):
         self.buffers: dict[str, torch.Tensor] = {}
@@ -159,8 +160,8 @@ class TransformersTarget(Target):
 
     # ---- transfers and the fence ---------------------------------------------------------------------
 
-    def upload(self, array: np.ndarray) -> torch.Tensor:
-        return self._upload_to(array, self.device, "upload")
+    def upload(self, array: np.ndarray, role: str = "upload") -> torch.Tensor:
+        return self._upload_to(array, self.device, role)
 
     def _upload_to(self, array: np.ndarray, device: torch.device, role: str = "offsets") -> torch.Tensor:
         """Host array -> tensor on ``device``: a view on a CPU, a non-blocking copy from pinned memory on a GPU."""
@@ -193,4 +194,4 @@ class TransformersTarget(Target):
             return None
         if rows is None:
             return self._hidden
-        return self._hidden.index_select(1, self.upload(np.asarray(rows, dtype=np.int64)))
+        return self._hidden.index_select(1, self.upload(np.asarray(rows, dtype=np.int64), "hidden_rows"))
