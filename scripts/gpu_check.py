@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -120,16 +119,13 @@ def make_drafter(name: str, model):
 
 
 def tiny(device: torch.device, dtype: str = "float32", linear_backend: str = "auto", **placement):
-    """tiny-random with the parameters of conf/model/tiny-random.yaml (read without hydra). ``placement``:
-    tp_plan / device_map; the placed engines hook transformers' own (aten) linear layers."""
-    import yaml
+    """tiny-random exactly as ``model=tiny-random`` builds it, in ``dtype`` on ``device``; ``placement``:
+    tp_plan / device_map (the placed engines hook transformers' own, aten, linear layers)."""
+    from specbench.config import compose
+    from specbench.runner import build
 
-    from specbench.models.tiny import build_tiny_random
-
-    config = yaml.safe_load((ROOT / "conf" / "model" / "tiny-random.yaml").read_text())
-    config = {key: value for key, value in config.items() if not key.startswith("_")}
-    config.update(dtype=dtype, tp_plan=placement.get("tp_plan"), device_map=placement.get("device_map"))
-    return build_tiny_random(**config, device=str(device), linear_backend=linear_backend)
+    overrides = [f"model.dtype={dtype}", *(f"model.{key}={value}" for key, value in placement.items())]
+    return build(compose(["model=tiny-random", *overrides]).model, device=str(device), linear_backend=linear_backend)
 
 
 def prompt_ids(model) -> list[list[int]]:
@@ -472,12 +468,15 @@ def tp_worker(args) -> int:
 
 
 def resolve(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("gpu_check: --device cuda, but torch sees no CUDA device (torch "
-                         f"{torch.__version__}, built for CUDA {torch.version.cuda})")
-    return torch.device(device)
+    """``--device`` as ``run.device`` resolves it (one line and exit 2 when torch cannot give it)."""
+    from specbench.errors import SpecbenchError
+    from specbench.models.devices import resolve_device
+
+    try:
+        return resolve_device(device)
+    except SpecbenchError as error:
+        print(f"gpu_check: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def environment(device: torch.device) -> str:

@@ -369,6 +369,12 @@ def artefact_lock(directory: str | Path, name: str = "build.lock") -> FileLock:
                     stale_after_s=_seconds("SPECBENCH_LOCK_STALE_S", LOCK_STALE_S))
 
 
+def rank_tag() -> str:
+    """``.rank<r>`` in a process of a multi-process torchrun job, "" otherwise: what tells apart the files that
+    the ranks of one job, building together, must not share (build locks, staging files)."""
+    return f".rank{os.environ.get('RANK', '0')}" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+
+
 def build_lock(path: str | Path) -> FileLock:
     """The lock of building something at ``path`` (waiting ``SPECBENCH_LOCK_WAIT_S``, stale after
     ``SPECBENCH_LOCK_STALE_S``).
@@ -378,8 +384,7 @@ def build_lock(path: str | Path) -> FileLock:
     each rank has a build lock of its own. Rank r of another job still waits for rank r of this one, and the ranks
     publish the same content, which is one version."""
     path = Path(path)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        path = path.with_name(f"{path.stem}.rank{os.environ.get('RANK', '0')}{path.suffix}")
+    path = path.with_name(f"{path.stem}{rank_tag()}{path.suffix}")
     return FileLock(path, wait_s=_seconds("SPECBENCH_LOCK_WAIT_S", LOCK_WAIT_S),
                     stale_after_s=_seconds("SPECBENCH_LOCK_STALE_S", LOCK_STALE_S))
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 
 from specbench.errors import SpecbenchError
+from specbench.models.placement import world_size as job_size
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Processes:
     def from_environment(tp_plan) -> Processes:
         """This job's processes as torchrun describes them (one process outside torchrun); starts the process
         group before the model loads, so that transformers' tensor parallelism joins it."""
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        world_size = job_size()
         if world_size == 1:
             return Processes()
         if tp_plan is None:

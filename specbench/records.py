@@ -24,6 +24,7 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -437,11 +438,7 @@ def format_summary_table(summary: dict) -> str:
 
 def skip_counts(skipped: list[dict]) -> dict[str, int]:
     """How many skipped-question records there are of each cause (SKIP_CAUSES), in order of first appearance."""
-    counts: dict[str, int] = {}
-    for record in skipped:
-        cause = record.get("cause", "too_long")
-        counts[cause] = counts.get(cause, 0) + 1
-    return counts
+    return dict(Counter(record.get("cause", "too_long") for record in skipped))
 
 
 def summary_flags(summary: dict, shown: int = 5) -> list[str]:

@@ -4,14 +4,13 @@ distillation of pruned drafts both read them."""
 from __future__ import annotations
 
 import json
-import os
 import logging
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from specbench.artefacts import build_lock, cached_path, require_writable
+from specbench.artefacts import build_lock, cached_path, rank_tag, require_writable
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
 
 log = logging.getLogger(__name__)
@@ -84,8 +83,7 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
 def _generate_into(file: Path, target, prompts: list[str], max_new_tokens: int, batch_size: int):
     """Generate the answers into ``file`` through a staging file that an interrupted build resumes from (the
     build lock makes it this process's alone; under torchrun each rank has its own)."""
-    rank = os.environ.get("RANK", "0") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-    staging = file.with_suffix(".partial" if rank is None else f".rank{rank}.partial")
+    staging = file.with_suffix(f"{rank_tag()}.partial")
     done = _complete_rows(staging)
     with staging.open("a", encoding="utf-8") as handle:
         def save(pairs):

@@ -193,6 +193,7 @@ class Decoder:
         self._read_k = self.top_k  # of the decode in progress: at least the drafter's top-k (set by generate)
         self._drafter_top_k = self.target_top_k
         self.clock = clock or FencedClock(target.synchronize)
+        self._fence_drafter = self.clock.now
 
     def forget_learning(self) -> None:
         """Reset what the draft budget and the verify cost learned from earlier steps to their calibrated
@@ -215,6 +216,8 @@ class Decoder:
         generator.manual_seed(self.sampling.seed if seed is None else seed)
         self._drafter_top_k = max(self.target_top_k, int(drafter.target_top_k))
         self._read_k = max(self.top_k, self._drafter_top_k)
+        # The clock read that ends a drafter's work: fenced only when it may have queued device work.
+        self._fence_drafter = self.clock.read if drafter.queues_device_work else self.clock.now
         sequence = _Sequence(np.asarray(prompt_ids, dtype=np.int64), max_new_tokens + self.max_draft_tokens + 1)
         self.target.start(sequence.buffer.size)
         self.target.request_hidden_states(tuple(drafter.hidden_state_layers))
@@ -231,7 +234,7 @@ class Decoder:
 
     def _prefill_step(self, sequence: _Sequence, drafter: Drafter, generator) -> StepRecord:
         """Step 0: the drafter meets the prompt, the target reads it and picks the first token."""
-        read, fence_drafter = self.clock.read, self._drafter_fence(drafter)
+        read, fence_drafter = self.clock.read, self._fence_drafter
         started = read()
         drafter.begin(sequence.prompt)
         began = fence_drafter()
@@ -252,7 +255,7 @@ class Decoder:
     def _step(self, step: int, sequence: _Sequence, drafter: Drafter, remaining: int, generator) -> StepRecord:
         """One decoding step: draft, verify, accept, record. It adds at most ``remaining`` tokens, the last of
         which is the target's own (the bonus token)."""
-        now, fence_drafter = self.clock.now, self._drafter_fence(drafter)
+        now, fence_drafter = self.clock.now, self._fence_drafter
         step_started = now()  # the previous step ended fenced
         draft = drafter.propose(sequence.context)
         drafted = fence_drafter()
@@ -268,11 +271,12 @@ class Decoder:
         verified = now()  # the choices' read waited for the pass
 
         path, final = self._accept(plan, choices, draft, generator)
+        kept_nodes = [0, *path]  # the root and the accepted nodes: what settled this step's tokens
         context_len = sequence.length
-        new_tokens = self._append(sequence, [int(t) for t in plan.node_tokens[path]] + [final], choices, [0, *path])
-        self.target.keep(start, [0, *path])
+        new_tokens = self._append(sequence, [int(t) for t in plan.node_tokens[path]] + [final], choices, kept_nodes)
+        self.target.keep(start, kept_nodes)
         self._learn_costs(drafter.name, plan, path, verify_tokens, verified - built)
-        outcome = self._outcome(step, draft, plan, choices, path)
+        outcome = self._outcome(step, draft, plan, choices, path, kept_nodes)
         candidate_tokens, draft_depth = plan.candidate_tokens(), plan.candidate_depth()
         bookkept = self.clock.read()  # the compaction is device work
 
@@ -287,10 +291,6 @@ class Decoder:
             draft_depth=draft_depth,
             source=draft.sources[outcome.accepted_nodes[-1]] if outcome.accepted_nodes and draft.sources else "",
         )
-
-    def _drafter_fence(self, drafter: Drafter) -> Callable[[], float]:
-        """The clock read that ends a drafter's work: fenced when it may have queued device work."""
-        return self.clock.read if drafter.queues_device_work else self.clock.now
 
     def _append(self, sequence: _Sequence, tokens: list[int], choices: TargetChoices, deciding_nodes: list[int]):
         """Append ``tokens`` (cut after an EOS) with the top-k of the node whose output settled each one."""
@@ -320,13 +320,14 @@ class Decoder:
         return sampled_accepted_path(plan.parents, plan.node_tokens, target_distribution(choices.logits, self.sampling),
                                      draft_probs, plan.candidates, generator)
 
-    def _outcome(self, step: int, draft: Draft, plan: VerifyPlan, choices: TargetChoices, path: list[int]) -> StepOutcome:
+    def _outcome(self, step: int, draft: Draft, plan: VerifyPlan, choices: TargetChoices, path: list[int],
+                 kept_nodes: list[int]) -> StepOutcome:
         """The step as the drafter sees it, in its own (draft) numbering."""
         top = self._top_for_drafter(choices)
         return StepOutcome(step=step, draft=draft, target_tokens=plan.scatter(choices.argmax),
                            accepted_nodes=tuple(plan.to_draft(node) for node in path),
                            target_top_ids=None if top is None else plan.scatter(top),
-                           hidden_states=self.target.hidden_states([0, *path]))
+                           hidden_states=self.target.hidden_states(kept_nodes))
 
     def _top_for_drafter(self, choices: TargetChoices) -> np.ndarray | None:
         k = self._drafter_top_k
