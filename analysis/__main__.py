@@ -10,32 +10,108 @@ RUNS are run directories or folders holding them (a multirun's sweep folder, or 
 Spec-Bench's own model_answer files (a method's and its baseline's, with a model and method name).
 
 Runs are averaged as repeats only when all their result-affecting settings (run.json) and their questions
-match; otherwise each gets a label saying what differs, with a note on stderr. Runs whose timings summary.json
-flags as untrustworthy (a busy machine) are marked "UNTRUSTED" in every table, their warnings listed under it.
-A half-written last answer line (a run killed mid-write) is ignored, with a warning; a run whose summary.json,
-run.json or answer files are damaged is left out, and one without a readable steps.parquet is left out of the
-step-level analyses, each with a warning naming the file. A result file of a schema version this analysis does
-not read, or a --spec-bench file that is not a model_answer file, stops it with a one-line error.
+match; otherwise each gets a label saying what differs, with a note on stderr. A run is counted once however
+many paths reach it (DIR, DIR/, ./DIR, a symlink) and whether or not it was copied. Runs whose timings
+summary.json flags as untrustworthy (a busy machine) are marked "UNTRUSTED" in every table, their warnings
+listed under it. Result lines that are not well-formed records of their run (half-written, not JSON, repeated,
+of another question set, unfinished) are left out with one warning per file, as resuming leaves them out; a
+run whose summary.json or run.json is damaged or of a schema this analysis does not read is left out, and one
+without a readable steps.parquet is left out of the step-level analyses, each with a warning naming the file.
+Only when nothing usable is left, or when a path given cannot be used (a RUNS path missing, a file or
+unreadable; an --out that cannot be written; a --spec-bench file that is not a model_answer file), does it stop,
+with one line (exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+from specbench.interrupts import Interrupts
 
-from analysis.figures import make_all
-from analysis.report import build_report
-from analysis.runs import load_runs, read_spec_bench, untrusted_runs
-from analysis.tables import leaderboard, render
-from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements, token_costs
-from specbench.errors import SpecbenchError
+# Ctrl-C is one line and exit status 130 from here on, during the second of importing pandas and matplotlib too.
+_interrupts = Interrupts("analysis: interrupted", "analysis: interrupted")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+import numpy as np  # noqa: E402  (after the interrupt handler, on purpose)
+import pandas as pd  # noqa: E402
+
+from analysis.figures import make_all  # noqa: E402
+from analysis.report import build_report  # noqa: E402
+from analysis.runs import load_runs, read_spec_bench, untrusted_runs  # noqa: E402
+from analysis.tables import leaderboard, render  # noqa: E402
+from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements, token_costs  # noqa: E402
+from specbench.errors import SpecbenchError, storage_refusal  # noqa: E402
 
 USER_ERROR = 2  # as specbench's own entry point: a problem with the input, explained in one line
+SHOWN_PROBLEMS = 3  # problems quoted in the one line that says nothing usable is left
+OUT_KINDS = {"tables": "file", "report": "file", "figures": "folder"}  # what --out names, per command
+DEFAULT_OUT = {"report": "report.html", "figures": "figures"}
+
+
+def check_runs_path(text: str) -> None:
+    """A RUNS argument that can be read: an existing, readable directory (a run or a folder of runs)."""
+    path = Path(text)
+    if not path.exists():
+        raise SpecbenchError(f"{text}: no such run directory or folder; give run directories or folders holding "
+                             "them (default: runs)")
+    if not path.is_dir():
+        raise SpecbenchError(f"{text} is a file, not a run directory or a folder holding runs")
+    try:
+        with os.scandir(path):
+            pass
+    except OSError as error:
+        raise SpecbenchError(f"{text}: cannot be read ({error.strerror}); give a readable run directory") from None
+
+
+def _probe_writable(folder: Path) -> None:
+    """Create and remove a file in ``folder``: the one test of writability that holds for every user (root
+    included) and every refusal (read-only mounts, quotas, permissions)."""
+    handle, name = tempfile.mkstemp(prefix=".analysis-probe-", dir=folder)
+    os.close(handle)
+    os.unlink(name)
+
+
+def check_out(text: str, kind: str) -> None:
+    """An --out that can be written: for a ``file`` not a folder, for a ``folder`` not a file, with its nearest
+    existing ancestor a writable folder (missing folders are created) and an existing file writable."""
+    path = Path(text)
+    if kind == "file" and path.is_dir():
+        raise SpecbenchError(f"--out {text} is a folder; give the name of a file to write")
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise SpecbenchError(f"--out {text} is an existing file; give a folder for the figures")
+    folder = path if kind == "folder" else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SpecbenchError(f"--out {text}: {folder} is a file, not a folder; choose another --out")
+    try:
+        _probe_writable(folder)
+        if kind == "file" and path.exists():
+            with path.open("a"):
+                pass
+    except OSError as error:
+        where = path if kind == "file" and path.exists() else folder
+        raise SpecbenchError(f"--out {text}: cannot write in {where} ({error.strerror}); choose a writable "
+                             "--out") from None
+
+
+@contextlib.contextmanager
+def writing(out: Path):
+    """Turn a filesystem's refusal while the outputs are written (a disk that fills up) into one line."""
+    try:
+        yield
+    except OSError as error:
+        if storage_refusal(error) is None:
+            raise
+        raise SpecbenchError(f"cannot write {error.filename or out} ({error.strerror}); free space or choose a "
+                             "writable --out") from error
 
 
 def print_throughput(table: pd.DataFrame) -> None:
@@ -79,12 +155,14 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("tables", "throughput", "figures", "report"))
-    parser.add_argument("runs", nargs="*", default=["runs"])
+    parser.add_argument("runs", nargs="*", help="run directories or folders holding them (default: runs, unless "
+                        "--spec-bench files are given)")
     parser.add_argument("--format", choices=("md", "latex", "csv"), default="md", help="for tables")
     parser.add_argument("--out", default=None, help="output file (tables, report) or folder (figures)")
     parser.add_argument("--spec-bench", nargs=4, action="append", default=[],
                         metavar=("METHOD_JSONL", "BASELINE_JSONL", "MODEL", "METHOD"))
     args = parser.parse_args(argv)
+    args.runs = args.runs or ([] if args.spec_bench else ["runs"])
 
     # Warnings (files left out) and notes (labels split) of analysis and of specbench's readers go to stderr,
     # one line each; the handler is removed again so that repeated calls (tests) do not stack handlers.
@@ -107,33 +185,44 @@ def main(argv=None) -> None:
 
 
 def run_command(args: argparse.Namespace) -> None:
-    """The command of parsed arguments ``args``."""
+    """The command of parsed arguments ``args``. Every path is checked before anything is read."""
+    for text in args.runs:
+        check_runs_path(text)
+    out = args.out or DEFAULT_OUT.get(args.command)
+    if out is not None and args.command in OUT_KINDS:
+        check_out(out, OUT_KINDS[args.command])
     loaded = load_runs(args.runs, with_steps=args.command != "tables")  # tables need no steps: no warnings about them
     questions = loaded.questions
     extra = [read_spec_bench(*files) for files in args.spec_bench]
     questions = pd.concat([questions, *extra], ignore_index=True) if extra else questions
     if questions.empty:
-        print(f"analysis: no runs with answers under {', '.join(args.runs)}", file=sys.stderr)
-        sys.exit(USER_ERROR)
+        problems = loaded.problems
+        why = ("; left out: " + "; ".join(problems[:SHOWN_PROBLEMS]) + (" ..." if len(problems) > SHOWN_PROBLEMS else "")
+               if problems else "")
+        raise SpecbenchError(f"no usable runs with answers under {', '.join(args.runs) or 'the paths given'}{why}")
     steps = loaded.steps
 
     if args.command == "tables":
         text = render(leaderboard(questions), args.format)
-        if args.out:
-            Path(args.out).write_text(text)
+        if out:
+            with writing(Path(out)):
+                Path(out).parent.mkdir(parents=True, exist_ok=True)
+                Path(out).write_text(text)
         print(text)
     elif args.command == "throughput":
         print_throughput(model_table(steps))
         print_token_costs(token_costs(questions, steps))
     elif args.command == "figures":
-        written, skipped = make_all(questions, steps, Path(args.out or "figures"))
+        with writing(Path(out)):
+            written, skipped = make_all(questions, steps, Path(out))
         for path in written:
             print(path)
         for reason in skipped:
             print(f"skipped: {reason}", file=sys.stderr)
     else:
-        print(build_report(questions, steps, Path(args.out or "report.html"), problems=loaded.problems))
+        with writing(Path(out)):
+            print(build_report(questions, steps, Path(out), problems=loaded.problems))
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

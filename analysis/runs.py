@@ -9,18 +9,19 @@ Runs are repeats of one configuration, averaged together by the tables, only whe
 setting of their run.json (``flat_settings``) and their set of questions match; otherwise their labels say
 what differs (``pld dtype=bfloat16``, ``pld questions=2``), and a note says which settings split a label.
 
-What bad inputs do (every message names the file):
+What bad inputs do (every message names the file; none stops the others' tables):
 
-* a half-written last line of answers.jsonl or baseline_answers.jsonl (a run killed while writing) is left
-  out with a warning (``specbench.records.read_jsonl_records``);
-* a run directory whose summary.json or run.json is empty or not JSON, or whose answer files are damaged
-  before their last line, is left out with a warning: one damaged run among many should not block the tables
-  of the others, and the warning says which run is missing from them;
+* a line of answers.jsonl, baseline_answers.jsonl or skipped.jsonl that is not a well-formed record of the
+  run (half-written, not JSON, not a record, a repeated question, a question the run's question file does not
+  select), a row of steps.parquet of that sort, and the lines and rows of unfinished questions are left out,
+  named in one warning per file, exactly as resuming leaves them out (``specbench.records.read_run_results``);
+* one run reached by two paths (a symlink, ``DIR`` and ``./DIR``, a folder and a run inside it) or copied to
+  another (the same answer ids) is counted once, with a warning;
+* a run directory whose summary.json or run.json is empty, not JSON, of a schema version this code does not
+  read (schema 1, or a newer one) or without a key it needs is left out with a warning saying which run is
+  missing and why; reading such a file anyway could give wrong numbers;
 * a run directory without a readable steps.parquet stays in the tables and is left out of the step-level
-  analyses (throughput model, latency figures), with a warning;
-* a summary.json or run.json of a schema version this code does not read, or without a key it needs, is an
-  error (``SpecbenchError``): the file is intact but means something else, and reading it anyway could give
-  wrong numbers; the remedy is a matching analysis, not a missing row.
+  analyses (throughput model, latency figures), with a warning.
 """
 
 from __future__ import annotations
@@ -28,18 +29,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import yaml
-from pyarrow import ArrowException
 
 from specbench import metrics
 from specbench.data import task_of
 from specbench.errors import SpecbenchError
-from specbench.records import STEP_COLUMNS, SUMMARY_KEYS, SUPPORTED_SCHEMAS, read_json_file, read_jsonl_records
+from specbench.records import (BASELINE_ANSWER, SPEC_BENCH_METHOD, STEP_COLUMNS, SUMMARY_KEYS,
+                               SUPPORTED_SCHEMAS, LineKind, question_key, read_json_file, read_jsonl_records,
+                               read_result_lines, read_run_results, record_problem, run_question_ids)
 from specbench.settings import method_name
 
 log = logging.getLogger(__name__)
@@ -70,14 +73,41 @@ ENVIRONMENT_KEYS = {"torch": "torch", "transformers": "transformers", "specbench
 TIMING_OK, TIMING_UNTRUSTED, TIMING_UNCHECKED = "ok", "UNTRUSTED", "unchecked"
 
 
-def find_run_dirs(paths) -> list[Path]:
-    """Every directory at or below ``paths`` that holds a ``summary.json``, sorted."""
-    found = set()
-    for path in map(Path, paths):
-        if (path / "summary.json").is_file():
-            found.add(path)
-        found.update(summary.parent for summary in path.rglob("summary.json"))
-    return sorted(found)
+def find_run_dirs(paths, problems: list[str] | None = None) -> list[Path]:
+    """Every directory at or below ``paths`` that holds a ``summary.json``, once each, sorted. A run is one run
+    however it is reached: ``DIR`` and ``DIR/`` and ``./DIR`` typed twice, a symlink to it, or a folder and a
+    run inside it, all resolve to one real directory, listed once (under the first path that reached it) with
+    one warning naming every way it was reached. Symlinked folders are followed, each real folder walked once
+    per path given; a folder that cannot be read is named in a warning (its runs are missing)."""
+    problems = [] if problems is None else problems
+    found: dict[Path, list[tuple[int, Path]]] = {}  # real path -> (which path given, the path that reached it)
+
+    def reach(index: int, run_dir: Path) -> None:
+        ways = found.setdefault(run_dir.resolve(), [])
+        if (index, run_dir) not in ways:
+            ways.append((index, run_dir))
+
+    def unreadable(error: OSError) -> None:
+        _problem(problems, f"{error.filename}: cannot be read ({error.strerror}); the runs under it are left out")
+
+    for index, path in enumerate(map(Path, paths)):
+        walked: set[Path] = set()
+        for folder, names, files in os.walk(path, onerror=unreadable, followlinks=True):
+            real = Path(folder).resolve()
+            if real in walked:  # a symlink loop, or a folder reached twice under this path
+                names[:] = []
+                continue
+            walked.add(real)
+            names.sort()
+            if "summary.json" in files:
+                reach(index, Path(folder))
+    for ways in found.values():
+        if len(ways) > 1:
+            shown = [f"{paths[index]!s} (as {run_dir})" if str(run_dir) != str(paths[index]) else str(paths[index])
+                     for index, run_dir in ways]
+            _problem(problems, f"run {ways[0][1].resolve()} is reached {len(ways)} times, by {', '.join(shown)}: "
+                               "one run, counted once")
+    return sorted(ways[0][1] for ways in found.values())
 
 
 def check_schema(document: dict, path: Path, required: tuple[str, ...]) -> int:
@@ -272,26 +302,9 @@ def untrusted_runs(frame: pd.DataFrame) -> list[str]:
 
 
 def answer_record_problem(record, needed: tuple[str, ...]) -> str | None:
-    """What keeps ``record`` from being a model_answer record with ``choices[0]``'s ``needed`` lists, or None."""
-    if not isinstance(record, dict):
-        return "is not a JSON object"
-    choices = record.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        if "turns" in record:
-            return "has turns but no choices: it is a question (Spec-Bench's question.jsonl), not an answer"
-        return "has no choices"
-    for key in ("question_id", "category"):
-        if key not in record:
-            return f"has no {key}"
-    choice = choices[0]
-    for key in needed:
-        if not isinstance(choice.get(key), list):
-            return f"has no choices[0].{key}"
-    if not all(isinstance(value, (int, float)) for key in ("new_tokens", "wall_time") for value in choice[key]):
-        return "has a non-numeric new_tokens or wall_time"
-    if not sum(choice["wall_time"]) > 0:
-        return "has no positive wall_time (its tokens/s would divide by zero)"
-    return None
+    """What keeps ``record`` from being a model_answer record with ``choices[0]``'s ``needed`` lists, or None
+    (``specbench.records.record_problem``, the one check every reader of results shares)."""
+    return record_problem(record, LineKind(needed))
 
 
 def check_answer_records(records: list[dict], path: Path, needed: tuple[str, ...]) -> None:
@@ -308,12 +321,12 @@ def check_answer_records(records: list[dict], path: Path, needed: tuple[str, ...
                                  f"choices[0].{', '.join(needed)}")
 
 
-METHOD_NEEDS = ("new_tokens", "wall_time", "accept_lengths")
-BASELINE_NEEDS = ("new_tokens", "wall_time")
+METHOD_NEEDS = SPEC_BENCH_METHOD.choice_lists
+BASELINE_NEEDS = BASELINE_ANSWER.choice_lists
 
 
-def _ids_digest(question_ids: frozenset) -> str:
-    return hashlib.sha256(json.dumps(sorted(map(str, question_ids))).encode()).hexdigest()[:6]
+def _ids_digest(question_keys: frozenset) -> str:
+    return hashlib.sha256(json.dumps(sorted(question_keys)).encode()).hexdigest()[:6]
 
 
 @dataclass
@@ -326,48 +339,67 @@ class _Run:
     compared: dict[str, str]
     answers: list[dict] | None  # None: no answers.jsonl
     baseline: list[dict] | None  # None: no baseline_answers.jsonl
+    steps: pd.DataFrame | None  # None: no readable steps.parquet (steps_problem says why)
+    steps_problem: str | None = None
     info: dict = field(default_factory=dict)
 
     @property
     def question_ids(self) -> frozenset:
-        return frozenset(record["question_id"] for record in self.answers or [])
+        """The questions it answered, by ``question_key``."""
+        return frozenset(question_key(record["question_id"]) for record in self.answers or [])
 
-
-def _read_answer_file(path: Path, needed: tuple[str, ...]) -> list[dict] | None:
-    if not path.is_file():
-        return None
-    records = read_jsonl_records(path, "answer record")
-    if records:  # an empty file: a run that has answered nothing yet
-        check_answer_records(records, path, needed)
-    return records
+    @property
+    def answer_ids(self) -> set[str]:
+        """The answer_id of each answer (a uuid written once per answer): what makes a copy of the run one."""
+        return {record["answer_id"] for record in self.answers or [] if isinstance(record.get("answer_id"), str)}
 
 
 def _read_run(run_dir: Path, problems: list[str]) -> _Run | None:
-    """``run_dir`` read and checked, or None (with the reason appended to ``problems`` and logged) when one of
-    its files is damaged. A schema this code does not read is an error, not a skip (see the module's doc)."""
+    """``run_dir`` read and checked, or None (with the reason appended to ``problems`` and logged) when its
+    summary.json or run.json is damaged or of a schema this code does not read: one such run among others is
+    left out rather than stopping the tables of the rest. Its answer files and steps are read as resuming
+    reads them (``specbench.records.read_run_results``): lines that are not well-formed records of this run,
+    repeats and unfinished questions are left out, each file's named in one warning."""
     settings_file = run_dir / "run.json"
     try:
         summary = read_json_file(run_dir / "summary.json", "run's summary")
         settings = read_json_file(settings_file, "run's settings") if settings_file.is_file() else {}
+        check_summary(summary, run_dir / "summary.json")
+        if settings_file.is_file():  # runs written before run.json existed have none: their settings are unknown
+            check_schema(settings, settings_file, ("model", "drafter"))
+        results = read_run_results(run_dir, (run_dir / "baseline_answers.jsonl").is_file(),
+                                   run_question_ids(settings), steps_required=False)
     except SpecbenchError as error:
         _problem(problems, f"{error}: run {run_dir} left out")
         return None
-    check_summary(summary, run_dir / "summary.json")
-    if settings_file.is_file():  # runs written before run.json existed have none: their settings are unknown
-        check_schema(settings, settings_file, ("model", "drafter"))
-    try:
-        answers = _read_answer_file(run_dir / "answers.jsonl", METHOD_NEEDS)
-        baseline = _read_answer_file(run_dir / "baseline_answers.jsonl", BASELINE_NEEDS)
-    except SpecbenchError as error:
-        _problem(problems, f"{error}: run {run_dir} left out")
-        return None
+    problems += results.warnings  # logged where they were found
     environment = summary.get("environment")
     compared = flat_settings(settings, environment if isinstance(environment, dict) else None)
     compared.update({f"drafter.{key}": value for key, value in sweep_overrides(run_dir).items()})
     trustworthy, warnings = run_timing(summary)
     info = {"run_dir": str(run_dir), "model": summary["model"], "drafter": summary["drafter"],
             "label": run_label(summary, settings), "trustworthy": trustworthy, "timing_warnings": "; ".join(warnings)}
-    return _Run(run_dir, summary, settings, compared, answers, baseline, info)
+    return _Run(run_dir, summary, settings, compared, results.answers if results.has_answers else None,
+                results.baseline if results.has_baseline else None, results.steps, results.steps_problem, info)
+
+
+def _drop_copies(runs: list[_Run], problems: list[str]) -> list[_Run]:
+    """The runs without copies of another: a run directory copied elsewhere has the same answers (each answer
+    record's answer_id is written once), and counting both would make one run two repeats. The first is kept."""
+    kept: list[_Run] = []
+    owner: dict[str, _Run] = {}
+    for run in runs:
+        ids = run.answer_ids
+        earlier = next((owner[answer] for answer in ids if answer in owner), None)
+        if earlier is not None:
+            shared = len(ids & earlier.answer_ids)
+            _problem(problems, f"run {run.path} holds {shared} of the answers of run {earlier.path} (the same "
+                               "answer_id: a copy of it): one run, counted once; "
+                               f"{run.path} left out")
+            continue
+        owner.update(dict.fromkeys(ids, run))
+        kept.append(run)
+    return kept
 
 
 def _problem(problems: list[str], text: str) -> None:
@@ -413,6 +445,7 @@ def _split_labels(runs: list[_Run], notes: list[str]) -> None:
 
 def _read_runs(run_dirs: list[Path], problems: list[str], notes: list[str]) -> list[_Run]:
     runs = [run for run in (_read_run(run_dir, problems) for run_dir in run_dirs) if run is not None]
+    runs = _drop_copies(runs, problems)
     _split_labels(runs, notes)
     return runs
 
@@ -436,36 +469,25 @@ class LoadedRuns:
     notes: list[str]
 
 
-def _read_steps(run: _Run, problems: list[str]) -> pd.DataFrame | None:
-    steps_file = run.path / "steps.parquet"
-    if not steps_file.is_file():
-        _problem(problems, f"{steps_file} not found: run {run.path} is left out of the step-level analyses")
+def _run_steps(run: _Run, problems: list[str]) -> pd.DataFrame | None:
+    """The run's step rows, or None with a warning that it is left out of the step-level analyses."""
+    if run.steps is None:
+        _problem(problems, f"{run.steps_problem}: run {run.path} is left out of the step-level analyses")
         return None
-    try:
-        frame = pd.read_parquet(steps_file)
-    except (OSError, ValueError, ArrowException) as error:  # pyarrow's errors for a cut or foreign file
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        _problem(problems, f"{steps_file} is damaged ({reason}): run {run.path} is left out of the step-level analyses")
-        return None
-    missing = [column for column in STEP_COLUMNS if column not in frame]
-    if missing:
-        _problem(problems, f"{steps_file} lacks the columns {', '.join(missing)}: run {run.path} is left out of the "
-                           "step-level analyses")
-        return None
-    return frame
+    return run.steps.copy()
 
 
 def load_runs(paths, with_steps: bool = True) -> LoadedRuns:
     """Every run directory at or below ``paths``, read once: per-question rows (QUESTION_COLUMNS), and with
     ``with_steps`` every step record with the run columns in front. Problems and notes are also logged."""
     problems, notes = [], []
-    runs = _read_runs(find_run_dirs(paths), problems, notes)
+    runs = _read_runs(find_run_dirs(paths, problems), problems, notes)
     rows, frames = [], []
     for run in runs:
         if run.answers is not None:
             rows += question_rows(run.answers, run.baseline, run.info)
         if with_steps:
-            frame = _read_steps(run, problems)
+            frame = _run_steps(run, problems)
             if frame is not None:
                 for column, value in reversed(list(run.info.items())):
                     frame.insert(0, column, [value] * len(frame))
@@ -495,9 +517,9 @@ def load_steps(paths) -> pd.DataFrame:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The records of a .jsonl file (``read_jsonl_records``: a half-written last line is left out with a
-    warning; a damaged line before it is a SpecbenchError naming file and line)."""
-    return read_jsonl_records(path, "answer record")
+    """The records of a run's .jsonl result file that count (``specbench.records.read_jsonl_records``: every
+    other line, a half-written last one included, is named in one warning and left out)."""
+    return read_jsonl_records(path)
 
 
 def record_task(record: dict) -> str:
@@ -511,12 +533,12 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
     recorded new_tokens on both sides, so method and baseline are counted the same way; rates come from
     ``specbench.metrics``. Keys that only specbench's records carry (task, identical, mismatch, drafted) are
     None when absent, except the task, which then follows from the category."""
-    by_id = {record["question_id"]: record for record in baseline or []}
+    by_id = {question_key(record["question_id"]): record for record in baseline or []}
     info = {"trustworthy": None, "timing_warnings": "", **info}
     rows = []
     for record in answers:
         choice = record["choices"][0]
-        base = by_id.get(record["question_id"])
+        base = by_id.get(question_key(record["question_id"]))
         extra = record.get("specbench") or {}
         task = record_task(record)
         lengths = metrics.answer_accept_lengths(record)
@@ -535,17 +557,26 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
     return rows
 
 
-def _read_spec_bench_file(path: Path, needed: tuple[str, ...], role: str) -> list[dict]:
-    """One --spec-bench file's records, checked; every problem a one-line SpecbenchError naming it."""
-    if not path.is_file():
+def _read_spec_bench_file(path: Path, kind: LineKind, role: str) -> list[dict]:
+    """One --spec-bench file's records that count, read as a run's answer files are (lines that are not
+    model_answer records, or repeat a question, named in one warning and left out); a one-line SpecbenchError
+    naming it when it is missing or nothing in it counts."""
+    advice = "expected Spec-Bench's model_answer .jsonl, the output of its evaluation/inference_*.py"
+    if not path.exists():
         raise SpecbenchError(f"--spec-bench {role} file {path} not found")
-    try:
-        records = read_jsonl_records(path, "model_answer record")
-    except SpecbenchError as error:
-        raise SpecbenchError(f"--spec-bench {role} file: {error} (expected Spec-Bench's model_answer .jsonl, the "
-                             "output of its evaluation/inference_*.py)") from None
-    check_answer_records(records, path, needed)
-    return records
+    if not path.is_file():
+        raise SpecbenchError(f"--spec-bench {role} file {path} is not a file; {advice}")
+    lines = read_result_lines(path, kind)
+    if not lines.records:
+        reasons = ([f"line {number} {why}" for number, why in sorted(lines.left_out)[:1]]
+                   + (["its last line is incomplete"] if lines.cut else []))
+        what = f"no usable model_answer records ({reasons[0]})" if reasons else "no answer records"
+        raise SpecbenchError(f"--spec-bench {role} file {path} holds {what}; {advice} with choices[0]."
+                             f"{', '.join(kind.choice_lists)}")
+    warning = lines.warning()
+    if warning:
+        log.warning("%s", warning)
+    return lines.records
 
 
 def read_spec_bench(method_file: str | Path, baseline_file: str | Path, model: str, drafter: str) -> pd.DataFrame:
@@ -554,11 +585,12 @@ def read_spec_bench(method_file: str | Path, baseline_file: str | Path, model: s
     JSON lines, or whose records lack choices[0].new_tokens / wall_time (and, for the method, accept_lengths)
     is a one-line SpecbenchError naming it."""
     method_file, baseline_file = Path(method_file), Path(baseline_file)
-    answers = _read_spec_bench_file(method_file, METHOD_NEEDS, "method")
-    baseline = _read_spec_bench_file(baseline_file, BASELINE_NEEDS, "baseline")
-    unpaired = {record["question_id"] for record in answers} - {record["question_id"] for record in baseline}
+    answers = _read_spec_bench_file(method_file, SPEC_BENCH_METHOD, "method")
+    baseline = _read_spec_bench_file(baseline_file, BASELINE_ANSWER, "baseline")
+    unpaired = ({question_key(record["question_id"]) for record in answers}
+                - {question_key(record["question_id"]) for record in baseline})
     if unpaired:
         log.warning("%s lacks %d of %s's questions (e.g. %s): their speedup is unknown", baseline_file, len(unpaired),
-                    method_file, sorted(map(str, unpaired))[0])
+                    method_file, sorted(unpaired)[0])
     info = {"run_dir": str(method_file), "model": model, "drafter": drafter, "label": drafter}
     return pd.DataFrame(question_rows(answers, baseline, info), columns=QUESTION_COLUMNS)

@@ -16,17 +16,26 @@ import argparse
 import logging
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import torch
-from hydra.utils import instantiate
+from specbench.interrupts import Interrupts
 
-from specbench.config import compose
-from specbench.decoding.loop import Decoder
-from specbench.targets.transformers import TransformersTarget
-from specbench.drafters.draft_model import pruned_draft_directory
-from specbench.pruning import build_pruned_draft
-from specbench.runner import run_benchmark
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("bench_draft_depth: interrupted before it started",
+                         "bench_draft_depth: interrupted; pruned drafts already built and finished questions under "
+                         "--out are kept: re-running the same command resumes")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+import numpy as np  # noqa: E402  (after the interrupt handler, on purpose)
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+
+from specbench.config import compose  # noqa: E402
+from specbench.decoding.loop import Decoder  # noqa: E402
+from specbench.targets.transformers import TransformersTarget  # noqa: E402
+from specbench.drafters.draft_model import pruned_draft_directory  # noqa: E402
+from specbench.pruning import build_pruned_draft  # noqa: E402
+from specbench.runner import run_benchmark  # noqa: E402
 
 
 def seconds_per_token(model, context_tokens: int = 256, tokens: int = 48) -> float:
@@ -90,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

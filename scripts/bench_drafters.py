@@ -27,18 +27,27 @@ import logging
 import sys
 from pathlib import Path
 
-import pandas as pd
+from specbench.interrupts import Interrupts
 
-from analysis.runs import load_questions, load_steps
-from analysis.tables import exactness_cell
-from analysis.throughput import token_costs
-from specbench import metrics
-from specbench.config import compose
-from specbench.data import TASKS
-from specbench.errors import SpecbenchError
-from specbench.records import read_answers
-from specbench.runner import run_benchmark
-from specbench.settings import TUNING_SUFFIXES
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("bench_drafters: interrupted before it started",
+                         "bench_drafters: interrupted; finished questions are saved under --out (a run directory per"
+                         " method): re-running the same command resumes")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+import pandas as pd  # noqa: E402  (after the interrupt handler, on purpose)
+
+from analysis.runs import load_questions, load_steps  # noqa: E402
+from analysis.tables import exactness_cell  # noqa: E402
+from analysis.throughput import token_costs  # noqa: E402
+from specbench import metrics  # noqa: E402
+from specbench.config import compose  # noqa: E402
+from specbench.data import TASKS  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
+from specbench.records import read_answers  # noqa: E402
+from specbench.runner import run_benchmark  # noqa: E402
+from specbench.settings import TUNING_SUFFIXES  # noqa: E402
 
 TUNINGS = {suffix: f"run.{key}=auto" for key, suffix in TUNING_SUFFIXES}  # "+budget" -> run.draft_budget=auto
 FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains", "recycling", "samd"]
@@ -169,4 +178,4 @@ def accepted_by_source(run_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

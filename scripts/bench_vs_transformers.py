@@ -20,17 +20,26 @@ import argparse
 import time
 from collections import defaultdict
 
-import numpy as np
-import torch
-from hydra.utils import instantiate
+from specbench.interrupts import Interrupts
 
-from specbench.config import compose
-from specbench.data import TASKS, read_questions, select_questions
-from specbench.decoding.loop import Decoder
-from specbench.drafters.ar import NoDraft
-from specbench.drafters.pld import PromptLookup
-from specbench.runner import calibrate
-from specbench.settings import RunSettings
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("bench_vs_transformers: interrupted before it started",
+                         "bench_vs_transformers: interrupted; it saves nothing: re-running the same command starts "
+                         "again")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+import numpy as np  # noqa: E402  (after the interrupt handler, on purpose)
+import torch  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+
+from specbench.config import compose  # noqa: E402
+from specbench.data import TASKS, read_questions, select_questions  # noqa: E402
+from specbench.decoding.loop import Decoder  # noqa: E402
+from specbench.drafters.ar import NoDraft  # noqa: E402
+from specbench.drafters.pld import PromptLookup  # noqa: E402
+from specbench.runner import calibrate  # noqa: E402
+from specbench.settings import RunSettings  # noqa: E402
 
 METHODS = ("hf-greedy", "ours-ar", "hf-pld", "ours-pld")
 
@@ -132,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

@@ -18,13 +18,22 @@ import logging
 import sys
 from pathlib import Path
 
-from hydra.utils import instantiate
+from specbench.interrupts import Interrupts
 
-from specbench.artefacts import cache_root, require_writable
-from specbench.config import compose
-from specbench.datastores.build import build_datastore, statistics_datastore
-from specbench.datastores.corpus import DEFAULT_CORPUS
-from specbench.errors import SpecbenchError
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("build_datastore: interrupted before it started",
+                         "build_datastore: interrupted; no datastore was written: re-running the same command builds"
+                         " it again")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
+
+from specbench.artefacts import cache_root, require_writable  # noqa: E402
+from specbench.config import compose  # noqa: E402
+from specbench.datastores.build import build_datastore, statistics_datastore  # noqa: E402
+from specbench.datastores.corpus import DEFAULT_CORPUS  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
 
 
 def main() -> None:
@@ -50,4 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

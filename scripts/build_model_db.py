@@ -19,12 +19,21 @@ import logging
 import sys
 from pathlib import Path
 
-from hydra.utils import instantiate
+from specbench.interrupts import Interrupts
 
-from specbench.artefacts import require_writable
-from specbench.config import compose
-from specbench.datastores.build import build_model_db, model_db
-from specbench.errors import SpecbenchError
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("build_model_db: interrupted before it started",
+                         "build_model_db: interrupted; the target's answers generated so far are kept: re-running "
+                         "the same command resumes from them")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
+
+from specbench.artefacts import require_writable  # noqa: E402
+from specbench.config import compose  # noqa: E402
+from specbench.datastores.build import build_model_db, model_db  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
 
 
 def main() -> None:
@@ -56,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

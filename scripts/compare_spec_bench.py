@@ -27,11 +27,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pandas as pd
+from specbench.interrupts import Interrupts
 
-from analysis.runs import BASELINE_NEEDS, METHOD_NEEDS, check_answer_records, read_jsonl, read_summary, record_task
-from specbench import metrics
-from specbench.errors import SpecbenchError
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("compare_spec_bench: interrupted before it started",
+                         "compare_spec_bench: interrupted")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+import pandas as pd  # noqa: E402  (after the interrupt handler, on purpose)
+
+from analysis.runs import (BASELINE_NEEDS, METHOD_NEEDS, check_answer_records, read_jsonl,  # noqa: E402
+                           read_summary, record_task)
+from specbench import metrics  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
 
 
 def retokenised_turn_tokens(tokenizer, record: dict) -> list[int]:
@@ -141,4 +150,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

@@ -20,9 +20,18 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tqdm import tqdm
+from specbench.interrupts import Interrupts
 
-from specbench.artefacts import cache_root
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("fetch_qwen_pair: interrupted before it started",
+                         "fetch_qwen_pair: interrupted; files already verified are kept: re-running the same command"
+                         " fetches the rest")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+from tqdm import tqdm  # noqa: E402  (after the interrupt handler, on purpose)
+
+from specbench.artefacts import cache_root  # noqa: E402
 
 MODELS = {
     "qwen2.5-coder-1.5b-instruct.gguf": {
@@ -74,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

@@ -35,6 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from specbench.interrupts import Interrupts  # noqa: E402
+
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("gpu_check: interrupted before it started",
+                         "gpu_check: interrupted; no table was printed, and no --out file written")
+if __name__ == "__main__":
+    _interrupts.arm()
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -546,4 +554,4 @@ def print_table(rows: list[Row], wall: float) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_interrupts.run(main))

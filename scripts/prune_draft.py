@@ -18,12 +18,21 @@ import logging
 import sys
 from pathlib import Path
 
-from hydra.utils import instantiate
+from specbench.interrupts import Interrupts
 
-from specbench.config import compose
-from specbench.drafters.draft_model import pruned_draft_directory
-from specbench.errors import SpecbenchError
-from specbench.pruning import SELECTIONS, build_pruned_draft
+# Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
+_interrupts = Interrupts("prune_draft: interrupted before it started",
+                         "prune_draft: interrupted; no draft was saved: re-running the same command builds it again,"
+                         " resuming from the target's answers generated so far (--corpus target-answers)")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
+
+from specbench.config import compose  # noqa: E402
+from specbench.drafters.draft_model import pruned_draft_directory  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
+from specbench.pruning import SELECTIONS, build_pruned_draft  # noqa: E402
 
 
 def main() -> None:
@@ -60,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _interrupts.run(main)

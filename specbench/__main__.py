@@ -1,65 +1,122 @@
 """``python -m specbench [overrides]``: run one benchmark configuration (or a sweep with ``-m``).
 
-Exit status: 0 done, 2 a user error (a bad setting, file or directory: one line on stderr, from specbench or
-from Hydra's own config checks), 130 interrupted, 1 a bug (with its traceback).
+Exit status: 0 done, 2 a user error (a bad setting, file or directory, or a filesystem that refused a write: one
+line on stderr, from specbench or from Hydra's own config checks), 130 interrupted (one line, from the first import
+on), 1 a bug (with its traceback).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
-from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from specbench.interrupts import INTERRUPTED, Interrupts  # standard library only: imports fast
 
-from specbench.config import register_resolvers
-from specbench.errors import SpecbenchError
+USER_ERROR = 2
+
+_interrupts = Interrupts()
+if __name__ == "__main__":
+    _interrupts.arm()  # before the imports below, which take a second or more
+
+import logging  # noqa: E402  (after the interrupt handler, on purpose)
+from pathlib import Path  # noqa: E402
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from specbench.artefacts import os_error_of, unique_suffix, write_refusal  # noqa: E402
+from specbench.config import register_resolvers  # noqa: E402
+from specbench.errors import SpecbenchError, storage_refusal  # noqa: E402
 
 register_resolvers()  # the configs interpolate ${method:...} and ${initials:...}
 
 log = logging.getLogger("specbench")
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
-USER_ERROR = 2
 _task_started = False  # an error before the task starts is Hydra's: a config or run-directory problem
 
 
 def record_hydra_config(cfg: DictConfig, run_path: Path) -> None:
     """Once the run directory passed every check and is locked: keep the composed config and the command-line
     overrides in it (.hydra/, as Hydra would; it is told not to, so that a refused run leaves the directory
-    untouched) and log to its specbench.log from here on."""
+    untouched) and log to its specbench.log from here on. A filesystem that refuses these writes is one line;
+    each file is whole or absent, since analysis labels runs by their overrides.yaml."""
     hydra_dir = run_path / ".hydra"
-    hydra_dir.mkdir(exist_ok=True)
-    OmegaConf.save(cfg, hydra_dir / "config.yaml")
-    OmegaConf.save(OmegaConf.create(list(HydraConfig.get().overrides.task)), hydra_dir / "overrides.yaml")
-    handler = logging.FileHandler(run_path / "specbench.log", encoding="utf-8")
+    try:
+        hydra_dir.mkdir(exist_ok=True)
+        _save_whole(cfg, hydra_dir / "config.yaml")
+        _save_whole(OmegaConf.create(list(HydraConfig.get().overrides.task)), hydra_dir / "overrides.yaml")
+        handler = logging.FileHandler(run_path / "specbench.log", encoding="utf-8")
+    except OSError as error:
+        refusal = storage_refusal(error)
+        if refusal is None:
+            raise
+        raise refusal from error
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.getLogger().addHandler(handler)
     _run_log_handlers.append(handler)
 
 
+def _save_whole(node, path: Path) -> None:
+    """``OmegaConf.save`` through a file beside ``path``, renamed over it once written; a refused write is the
+    one line naming ``path``."""
+    partial = path.with_name(f".{path.name}.{unique_suffix()}")
+    try:
+        OmegaConf.save(node, partial)
+        os.replace(partial, path)
+    except OSError as error:
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only filesystem let nothing be written
+        refusal = storage_refusal(error, path)
+        if refusal is None:
+            raise
+        raise refusal from error
+
+
 _run_log_handlers: list[logging.Handler] = []  # closed when the job ends (a sweep runs jobs in one process)
+
+
+def _print_refusal(error: BaseException) -> bool:
+    """Print the one line of a write the filesystem refused and return True; False for anything else."""
+    os_error = os_error_of(error)
+    where = os_error.filename if os_error is not None and os_error.filename else "a file the error does not name"
+    refusal = write_refusal(error, where)
+    if refusal is None:
+        return False
+    print(f"specbench: error: {refusal}", file=sys.stderr)
+    return True
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     global _task_started
     _task_started = True
-    from specbench.records import format_summary_table, read_answers, violation_report
-    from specbench.runner import run_benchmark
-
+    _interrupts.task_started()
     output_dir = HydraConfig.get().runtime.output_dir
+    opened = []  # the run directory, once it passed its checks: from then on answers are saved as they finish
+
+    def on_open(path: Path) -> None:
+        record_hydra_config(cfg, path)
+        opened.append(path)
+
     try:
-        summary = run_benchmark(cfg, output_dir, on_open=lambda path: record_hydra_config(cfg, path))
+        from specbench.records import format_summary_table, read_answers, violation_report
+        from specbench.runner import run_benchmark
+
+        summary = run_benchmark(cfg, output_dir, on_open=on_open)
     except SpecbenchError as error:
         print(f"specbench: error: {error}", file=sys.stderr)
         sys.exit(USER_ERROR)
     except KeyboardInterrupt:
-        print(f"\nspecbench: interrupted; finished questions are saved in {output_dir}; "
-              "run the same command again to resume", file=sys.stderr)
-        sys.exit(130)
+        _interrupts.report(f"\nspecbench: interrupted; finished questions are saved in {output_dir}; run the same "
+                           "command again to resume" if opened else "specbench: interrupted before the run started")
+        sys.exit(INTERRUPTED)  # through Hydra's job to cli, which ends the process
+    except Exception as error:  # the last resort: a write refused where no code expected it is still one line
+        if not _print_refusal(error):
+            raise
+        sys.exit(USER_ERROR)
     finally:
         while _run_log_handlers:
             handler = _run_log_handlers.pop()
@@ -73,10 +130,25 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    """``main`` with one exit status, USER_ERROR, for every user error: Hydra's own (an unknown group option, a
-    key not in the config, a bad override, a run directory that cannot be created) are raised to here instead of
-    printed by Hydra (which exits 1, like a bug), and reported like specbench's. HYDRA_FULL_ERROR=1 set by the
-    user keeps Hydra's full tracebacks."""
+    """``main`` with one exit status per outcome: USER_ERROR for every user error, INTERRUPTED for Ctrl-C at any
+    moment (see ``Interrupts``). Hydra's own errors (an unknown group option, a key not in the config, a bad
+    override, a run directory that cannot be created) are raised to here instead of printed by Hydra (which exits
+    1, like a bug), and reported like specbench's. HYDRA_FULL_ERROR=1 set by the user keeps Hydra's full
+    tracebacks."""
+    try:
+        _run_main()
+    except KeyboardInterrupt:
+        _interrupts.report(_interrupts.message)
+    except SystemExit:
+        if not _interrupts.reported:
+            raise
+    finally:
+        _interrupts.shutting_down()
+    if _interrupts.reported:
+        _interrupts.leave()
+
+
+def _run_main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -95,9 +167,15 @@ def cli() -> None:
         sys.exit(USER_ERROR)
     except OSError as error:
         if _task_started:
-            raise
-        print(f"specbench: error: cannot create the run directory: {error.strerror}: {error.filename}; choose a "
-              "writable hydra.run.dir (or hydra.sweep.dir)", file=sys.stderr)
+            if not _print_refusal(error):
+                raise
+            sys.exit(USER_ERROR)
+        refusal = storage_refusal(error, what="create")
+        if refusal is not None:
+            print(f"specbench: error: {refusal}", file=sys.stderr)
+        else:
+            print(f"specbench: error: cannot create the run directory: {error.strerror}: {error.filename}; choose a "
+                  "writable hydra.run.dir (or hydra.sweep.dir)", file=sys.stderr)
         sys.exit(USER_ERROR)
 
 

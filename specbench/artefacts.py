@@ -24,10 +24,12 @@ while it holds it) for ``SPECBENCH_LOCK_STALE_S`` seconds (default 600). A secon
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, storage_refusal
 
 log = logging.getLogger(__name__)
 
@@ -95,35 +97,102 @@ def versions_dir(directory: str | Path) -> Path:
     return directory.with_name(f".{directory.name}.versions")
 
 
+# ---- writes the filesystem refuses ----------------------------------------------------------------------------
+
+# safetensors reports a failed write as SafetensorError("Error while serializing: I/O error: No space left on
+# device (os error 28)"), not as an OSError; the errno is only in the text.
+_QUOTED_ERRNO = re.compile(r"\(os error (\d+)\)")
+_QUOTED_PATH = re.compile(r'at path "([^"]*)"')
+# numpy's np.save of an array (ndarray.tofile) reports a short write as OSError("360001 requested and 64480
+# written") without an errno: measured on a full tmpfs, where it is the disk that is full.
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+def os_error_of(error: BaseException) -> OSError | None:
+    """The OSError behind ``error``: itself, one it was raised from, the one a SafetensorError quotes, or, for
+    numpy's short write, ENOSPC."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno is None and _SHORT_WRITE.fullmatch(str(error)):
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if isinstance(error, OSError):
+            return error
+        if type(error).__name__ == "SafetensorError":
+            quoted = _QUOTED_ERRNO.search(str(error))
+            if quoted:
+                code = int(quoted.group(1))
+                path = _QUOTED_PATH.search(str(error))
+                return OSError(code, os.strerror(code), path.group(1) if path else None)
+        error = error.__cause__
+    return None
+
+
+def write_refusal(error: BaseException, path=None, what: str = "write") -> SpecbenchError | None:
+    """``errors.storage_refusal`` for any error a refused write raises (an OSError, or safetensors' own error):
+    the one-line SpecbenchError naming ``path`` (default: the path the error names), or None for a bug."""
+    os_error = os_error_of(error)
+    return storage_refusal(os_error, path, what) if os_error is not None else None
+
+
 # ---- checksums -------------------------------------------------------------------------------------------------
 
 
 def file_records(directory: Path) -> dict:
-    """{file name: {bytes, mtime_ns, sha256}} of the files in ``directory`` but manifest.json, for
-    ``verify_files``: written when a database or a converted model copy is built."""
+    """{file name: {bytes, mtime_ns, ctime_ns, sha256}} of the files in ``directory`` but manifest.json, for
+    ``verify_files``: written when a database or a converted model copy is built. Returns once the filesystem's
+    clock has passed the files' change times, so that any later write to one of them changes its ctime."""
     records = {}
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.name != MANIFEST:
             stat = path.stat()
-            records[path.name] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_digest(path)}
+            records[path.name] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns,
+                                  "sha256": file_digest(path)}
+    _wait_for_later_change_times(directory, max((record["ctime_ns"] for record in records.values()), default=0))
     return records
+
+
+def _wait_for_later_change_times(directory: Path, latest_ns: int, limit_s: float = 2.0) -> None:
+    """Wait until a file touched in ``directory`` gets a change time after ``latest_ns``. File times come from a
+    clock that advances in ticks (a few ms on Linux, a second or two on some network filesystems), and a write in
+    the tick of the build's own last write would keep the recorded ctime; ``limit_s`` bounds the wait where the
+    clock does not advance at all."""
+    probe = directory / f".clock-{unique_suffix()}"
+    deadline = time.monotonic() + limit_s
+    try:
+        probe.touch()
+        while probe.stat().st_ctime_ns <= latest_ns and time.monotonic() < deadline:
+            time.sleep(0.001)
+            os.utime(probe)
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def verify_files(directory: Path, manifest: dict) -> str | None:
     """What is wrong with the files ``manifest["files"]`` records (``file_records`` at build time), or None.
 
-    A file must have its recorded size; its content is hashed only when its modification time differs from the
-    recorded one (a copied directory, or a file written over). Hashing on every load was measured on 2 cores at
-    0.13-0.18 s for the 175 MB ShareGPT datastore but 0.3-0.5 s for python-docs' 256 MB suffix automaton, which
-    loads in a few ms because it is memory-mapped (ShareGPT's, 1.9 GiB, would take seconds and be read in full),
-    and UltraChat-size datastores are several GB; a stat costs 0.1 ms, and a truncated file shows in its size,
-    an overwritten one in its time. A manifest without records (written before they existed) passes: the
-    loaders' shape and dtype checks still apply."""
+    A file must have its recorded size; its content is hashed only when its modification or change time (ctime)
+    differs from the recorded one. Hashing on every load was measured on 2 cores at 0.13-0.18 s for the 175 MB
+    ShareGPT datastore, 0.15 s for SmolLM2's 270 MB bfloat16 weights (0.5 s with a cold page cache) and
+    0.3-0.5 s for python-docs' 256 MB suffix automaton, which loads in a few ms because it is memory-mapped;
+    UltraChat-size datastores are several GB. A stat costs 0.1 ms, and no write leaves both times as they were:
+    ``os.utime`` can restore the modification time, but setting it sets the change time to now, which no
+    user process can set back. A file found whole by its hash despite other times (a copied cache, one recorded
+    before change times were) has its times written into manifest.json, so that it is hashed once.
+
+    A published version is named by its manifest's content key (``content_key``), so a manifest edited in place
+    (a changed count, checksum or source) is caught by comparing the two. A manifest without records (written
+    before they existed) passes: the loaders' shape and dtype checks still apply."""
     records = manifest.get("files")
     if records is None:
         return None
     if not isinstance(records, dict):
         return "manifest.json: 'files' is not a table of files"
+    version = Path(directory).resolve()
+    if version.parent.name.endswith(".versions") and re.fullmatch(r"[0-9a-f]{16}", version.name):
+        if content_key(manifest) != version.name:
+            return f"manifest.json is not the one that was written (its content key is not {version.name})"
+    verified = {}
     for name, record in records.items():
         if not isinstance(record, dict) or Path(name).name != name:
             return f"manifest.json: bad entry for {name!r}"
@@ -134,9 +203,31 @@ def verify_files(directory: Path, manifest: dict) -> str | None:
             return f"{name} is missing"
         if stat.st_size != record.get("bytes"):
             return f"{name} holds {stat.st_size} bytes, manifest.json says {record.get('bytes')}"
-        if stat.st_mtime_ns != record.get("mtime_ns") and file_digest(path) != record.get("sha256"):
+        if stat.st_mtime_ns == record.get("mtime_ns") and stat.st_ctime_ns == record.get("ctime_ns"):
+            continue
+        if file_digest(path) != record.get("sha256"):
             return f"{name} is not the file that was written (its SHA-256 differs from manifest.json's)"
+        # The times read before hashing: a write during the hash leaves a later ctime, hashed at the next load.
+        verified[name] = {**record, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+    if verified:
+        _record_verified_times(Path(directory), manifest, verified)
     return None
+
+
+def _record_verified_times(directory: Path, manifest: dict, verified: dict) -> None:
+    """Write the times of files that their hash found whole into ``directory``'s manifest.json, renamed into
+    place (a reader sees the old manifest or the new one; the content key leaves times out). Best effort: a
+    read-only cache is hashed on every load instead."""
+    partial = directory / f".{MANIFEST}.{unique_suffix()}"
+    try:
+        partial.write_text(json.dumps({**manifest, "files": {**manifest["files"], **verified}}, indent=2) + "\n")
+        os.replace(partial, directory / MANIFEST)
+    except OSError as error:
+        log.debug("%s: could not record the verified file times (%s)", directory, error)
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def read_manifest(directory: Path, what: str, fix: str) -> dict:
@@ -268,16 +359,25 @@ class FileLock:
         except FileExistsError:
             return False
         except FileNotFoundError:  # its folder was removed meanwhile (an empty versions folder, tidied)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                self._refuse_write(error)
             return False
+        except OSError as error:
+            self._refuse_write(error)
         text = json.dumps(holder)
         try:
-            os.write(fd, text.encode())
-        except OSError:
-            os.close(fd)
-            self.path.unlink(missing_ok=True)
-            raise
-        os.close(fd)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+        except OSError as error:  # a full disk: the empty lock file would hold the lock for EMPTY_LOCK_GRACE_S
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass  # then a waiter takes it over once that grace has passed
+            self._refuse_write(error)
         self._mine, self.holder = text, holder
         if self.stale_after_s is not None:
             self._stop.clear()
@@ -314,20 +414,41 @@ class FileLock:
         mutex = self.path.with_name(self.path.name + ".takeover")
         try:
             os.close(os.open(mutex, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except FileExistsError:
-            try:
-                if time.time() - mutex.stat().st_mtime > EMPTY_LOCK_GRACE_S:  # its taker died mid-way
-                    mutex.unlink(missing_ok=True)
-            except FileNotFoundError:
-                pass
+        except FileNotFoundError:  # the lock's folder was removed meanwhile: so was the lock
             return False
+        except OSError as error:
+            if isinstance(error, FileExistsError):
+                return self._mutex_left_behind(mutex)
+            self._refuse_write(error, mutex)
         try:
             if self._read() != stale:
                 return False
             self.path.unlink(missing_ok=True)
             return True
+        except OSError as error:
+            self._refuse_write(error)
         finally:
-            mutex.unlink(missing_ok=True)
+            try:
+                mutex.unlink(missing_ok=True)
+            except OSError:
+                pass  # a taker that died mid-way: removed by the next one after EMPTY_LOCK_GRACE_S
+
+    @staticmethod
+    def _mutex_left_behind(mutex: Path) -> bool:
+        try:
+            if time.time() - mutex.stat().st_mtime > EMPTY_LOCK_GRACE_S:  # its taker died mid-way
+                mutex.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
+        return False
+
+    def _refuse_write(self, error: OSError, path: Path | None = None):
+        """Raise the one-line refusal for a lock the filesystem will not let this process write (read-only, full,
+        not permitted), or ``error`` itself when it is something else."""
+        refusal = storage_refusal(error, path or self.path, "lock")
+        if refusal is None:
+            raise error
+        raise refusal from error
 
     def _refresh(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -429,21 +550,38 @@ def replace_directory(directory: str | Path, write: Callable[[Path], None], mani
     try:
         staging.mkdir(parents=True)
     except OSError as error:
-        raise SpecbenchError(f"cannot write the database {directory} ({error.strerror}); choose a writable "
-                             f"directory, or {CACHE_HINT}") from None
+        refusal = storage_refusal(error, store, "create")
+        if refusal is None:
+            raise
+        raise refusal from error
     try:
         write(staging)
         manifest = {**manifest, "files": file_records(staging)}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         with artefact_lock(directory, "publish.lock"):
             _publish(staging, directory, store / content_key(manifest))
-    except BaseException:  # a failed or interrupted build leaves nothing behind
+    except BaseException as error:  # a failed or interrupted build leaves nothing behind
         shutil.rmtree(staging, ignore_errors=True)
         try:
             store.rmdir()  # only if nothing else is in it
         except OSError:
             pass
-        raise
+        refusal = _refusal_inside(error, store, directory)
+        if refusal is None:
+            raise
+        raise refusal from error
+
+
+def _refusal_inside(error: BaseException, store: Path, directory: Path) -> SpecbenchError | None:
+    """The one-line refusal naming ``directory`` for a write that failed in its staging or versions directory
+    (``store``); None for anything else, such as a corpus file that a builder could not read."""
+    os_error = os_error_of(error)
+    if os_error is None:
+        return None
+    failed = os_error.filename
+    if failed is not None and not (str(os.path.abspath(failed)) + os.sep).startswith(str(store.absolute()) + os.sep):
+        return None
+    return storage_refusal(os_error, directory, "write")
 
 
 def _publish(staging: Path, directory: Path, version: Path) -> None:
@@ -520,7 +658,10 @@ def load_or_rebuild(directory: Path, what: str, load: Callable[[], Loaded], buil
     try:
         versions_dir(directory).mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise SpecbenchError(f"cannot build {directory} ({error.strerror}); {CACHE_HINT}") from None
+        refusal = storage_refusal(error, versions_dir(directory), "create")
+        if refusal is None:
+            raise SpecbenchError(f"cannot build {directory} ({error.strerror}); {CACHE_HINT}") from None
+        raise refusal from error
     lock = artefact_lock(directory)
     if not lock.acquire():
         try:
@@ -534,13 +675,24 @@ def load_or_rebuild(directory: Path, what: str, load: Callable[[], Loaded], buil
                 return load()  # built by the process this one waited for
             except SpecbenchError as error:
                 log.warning("the cached %s is damaged and is being rebuilt: %s", what, error)
-                if not directory.is_symlink() and directory.is_dir():  # the cache's own, written before versions
-                    shutil.rmtree(directory)
-                elif directory.is_file():
-                    directory.unlink()
+                try:
+                    if not directory.is_symlink() and directory.is_dir():  # the cache's own, written before versions
+                        shutil.rmtree(directory)
+                    elif directory.is_file():
+                        directory.unlink()
+                except OSError as remove_error:
+                    refusal = storage_refusal(remove_error, directory, "remove the damaged")
+                    if refusal is None:
+                        raise
+                    raise refusal from remove_error
         else:
             log.info("building the %s (once; cached in %s)", what, directory)
         build()
     finally:
         lock.release()
+        if not directory.exists():  # a first build that failed leaves no trace (rmdir: only an empty folder)
+            try:
+                versions_dir(directory).rmdir()
+            except OSError:
+                pass
     return load()

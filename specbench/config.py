@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import functools
 import inspect
+import os
 from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra._internal.utils import _locate
-from omegaconf import DictConfig, OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from specbench.data import check_selection
 from specbench.errors import SpecbenchError
-from specbench.settings import method_name
+from specbench.settings import RunSettings, method_name
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # Keys Hydra's instantiate reads itself rather than passing to the target.
@@ -40,7 +44,7 @@ def check_group_keys(cfg: DictConfig) -> None:
     ignored (task) or fails later as a TypeError inside instantiate (model, drafter). A ``model`` or ``drafter``
     key is valid when its ``_target_`` takes a parameter of that name (a target with ``**kwargs`` takes any);
     a ``task`` key when some ``conf/task/*.yaml`` sets it. Meant to run before anything is loaded; the ``run``
-    group is checked by ``RunSettings.from_config``.
+    group is checked by ``RunSettings.from_config``. Then the values: ``check_group_values``.
     """
     for group, runner_arguments in RUNNER_ARGUMENTS.items():
         node = cfg.get(group)
@@ -69,6 +73,32 @@ def check_group_keys(cfg: DictConfig) -> None:
     task = cfg.get("task")
     if isinstance(task, DictConfig):
         _refuse_unknown("task", set(task), task_keys())
+    check_group_values(cfg)
+
+
+def check_group_values(cfg: DictConfig) -> None:
+    """Refuse, with one line naming key, value and valid range, values that would fail only once something is
+    loaded or decoding: the ``run`` group against its schema (``RunSettings.check``); the model's arguments
+    against its loader's own check, where the loader has one (``check_arguments``, e.g. tiny-random's shapes);
+    the run's token counts against a context the model config states (``model.max_context``); the task
+    group's selection. Drafter values are checked by the drafters themselves. Loads nothing."""
+    settings = RunSettings.from_config(cfg.run) if isinstance(cfg.get("run"), DictConfig) else None
+    model = cfg.get("model")
+    if isinstance(model, DictConfig) and "_target_" in model:
+        arguments = {key: value for key, value in OmegaConf.to_container(model, resolve=True).items()
+                     if key not in INSTANTIATE_KEYS}
+        check = getattr(_locate(model._target_), "check_arguments", None)
+        if check is not None:
+            check(**arguments)
+        context = arguments.get("max_context")
+        if settings is not None and isinstance(context, int) and not isinstance(context, bool):
+            settings.check_context(context, f"model.max_context={context}")
+    task = cfg.get("task")
+    if isinstance(task, DictConfig):
+        tasks = task.get("tasks")
+        if not isinstance(tasks, ListConfig) or not all(isinstance(name, str) for name in tasks):
+            raise SpecbenchError(f"task.tasks must be a list of task names such as [qa, rag], got {tasks!r}")
+        check_selection(list(tasks), task.get("limit_per_task"))
 
 
 @functools.cache
@@ -111,3 +141,67 @@ def register_resolvers() -> None:
 
 
 register_resolvers()
+
+
+def missing_directories(path: str | Path) -> list[Path]:
+    """``path``, made absolute as Hydra makes a job's directory, and those of its parents that do not exist yet,
+    deepest first: what ``mkdir(parents=True)`` would create."""
+    path = Path(os.path.abspath(str(path)))
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+class NewRunDirectories(Callback):
+    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): a run refused before it starts leaves behind no
+    directory that it created.
+
+    Hydra creates a job's directory (``hydra.run.dir``, or a sweep cell under ``hydra.sweep.dir``) and any
+    missing parents before specbench sees the configuration, so a refusal (a bad setting, an unloadable model)
+    finds it there, empty. This notes which of those directories do not exist yet, before Hydra creates them,
+    and when the process ends removes each one that is still empty, deepest first. At the process's end rather
+    than the job's, since a refusal leaves the task by ``sys.exit``, which Hydra's ``on_job_end`` never sees.
+    ``rmdir`` removes only an empty directory, so a run that wrote anything keeps its own; one that existed
+    before is never a candidate. A sweep's own directory stays (Hydra writes multirun.yaml into it).
+    """
+
+    def __init__(self):
+        self._new: set[Path] = set()
+        self._sweep_dir: Path | None = None
+        self._sweep_entries: frozenset[str] = frozenset()  # what the sweep directory held when the sweep began
+        self._registered = False
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._note(missing_directories(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        # A cell's directory is only known once its job's configuration is composed, after Hydra created it:
+        # a cell is new when its first path part was not in the sweep directory when the sweep began.
+        self._sweep_dir = Path(os.path.abspath(str(config.hydra.sweep.dir)))
+        self._sweep_entries = frozenset(os.listdir(self._sweep_dir)) if self._sweep_dir.is_dir() else frozenset()
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        if self._sweep_dir is None:
+            return
+        try:
+            parts = Path(config.hydra.runtime.output_dir).relative_to(self._sweep_dir).parts
+        except ValueError:  # a launcher that puts cells elsewhere: nothing known, nothing removed
+            return
+        if parts and parts[0] not in self._sweep_entries:
+            self._note([self._sweep_dir.joinpath(*parts[:depth]) for depth in range(len(parts), 0, -1)])
+
+    def _note(self, directories: list[Path]) -> None:
+        self._new.update(directories)
+        if directories and not self._registered:
+            atexit.register(self.remove_empty)
+            self._registered = True
+
+    def remove_empty(self) -> None:
+        """Remove, deepest first, each noted directory that is (still) empty."""
+        for directory in sorted(self._new, key=lambda path: len(path.parts), reverse=True):
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (the run wrote there), already gone, or not ours to remove
+                pass

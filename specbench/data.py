@@ -49,6 +49,8 @@ def parse_questions(lines, source: str) -> list[Prompt]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise SpecbenchError(f"{where}: not valid JSON ({error.msg}); {QUESTION_FORMAT}") from None
+        except ValueError as error:  # valid JSON Python will not read, e.g. an integer of over 4,300 digits
+            raise SpecbenchError(f"{where}: unreadable ({error}); {QUESTION_FORMAT}") from None
         if not isinstance(record, dict):
             raise SpecbenchError(f"{where}: a JSON {type(record).__name__}, not an object; {QUESTION_FORMAT}")
         missing = [key for key in ("question_id", "category", "turns") if key not in record]
@@ -60,6 +62,12 @@ def parse_questions(lines, source: str) -> list[Prompt]:
         turns = record["turns"]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise SpecbenchError(f"{where}: turns must be a non-empty list of strings")
+        # Refused like an empty list of turns: a blank turn would be decoded and timed as if it asked something,
+        # and every source (a local file, a hub dataset, the built-in set) is read here.
+        blank = next((number for number, turn in enumerate(turns, start=1) if not turn.strip()), None)
+        if blank is not None:
+            raise SpecbenchError(f"{where}: question {question_id!r} turn {blank} is empty (no text but "
+                                 f"whitespace); every turn must hold the text of a question")
         category = record["category"]
         task = task_of(category) if isinstance(category, str) else None
         if task is None:
@@ -79,6 +87,8 @@ def parse_questions(lines, source: str) -> list[Prompt]:
 def read_questions(path: str | None) -> list[Prompt]:
     """Questions from a local file, from a hub dataset (``hf:owner/name`` or ``hf:owner/name:file.jsonl``),
     or, when ``path`` is None, the built-in sample set written for specbench."""
+    if path is not None and not isinstance(path, str):
+        raise SpecbenchError(f"task.path must be a question file, hf:owner/dataset[:file.jsonl] or null, got {path!r}")
     if path is None:
         text = SAMPLE_QUESTIONS.read_text(encoding="utf-8")
         return parse_questions(text.splitlines(), "built-in sample set")
@@ -140,13 +150,22 @@ def _download_hub_questions(spec: str) -> str:
         ) from None
 
 
-def select_questions(prompts: list[Prompt], tasks: list[str], limit_per_task: int | None) -> list[Prompt]:
-    """The questions of ``tasks`` in file order, at most ``limit_per_task`` of each."""
-    unknown = [task for task in tasks if task not in TASKS]
+def check_selection(tasks: list[str], limit_per_task: int | None) -> None:
+    """Refuse a task selection that can select nothing, naming the key: unknown or no tasks, a limit that is
+    not a positive integer (true is not 1 here)."""
+    if not tasks:
+        raise SpecbenchError(f"task.tasks is empty; choose one or more of {', '.join(TASKS)}")
+    unknown = [str(task) for task in tasks if task not in TASKS]
     if unknown:
         raise SpecbenchError(f"task.tasks has unknown task(s) {', '.join(unknown)}; valid: {', '.join(TASKS)}")
-    if limit_per_task is not None and (not isinstance(limit_per_task, int) or limit_per_task < 1):
+    if limit_per_task is not None and (not isinstance(limit_per_task, int) or isinstance(limit_per_task, bool)
+                                       or limit_per_task < 1):
         raise SpecbenchError(f"task.limit_per_task must be a positive integer or null, got {limit_per_task!r}")
+
+
+def select_questions(prompts: list[Prompt], tasks: list[str], limit_per_task: int | None) -> list[Prompt]:
+    """The questions of ``tasks`` in file order, at most ``limit_per_task`` of each."""
+    check_selection(tasks, limit_per_task)
     taken: dict[str, int] = {}
     selected = []
     for prompt in prompts:

@@ -123,6 +123,31 @@ def _own_cpu_s() -> float:
     return times.user + times.system
 
 
+def max_threads(cores: float) -> int:
+    """The most torch threads ``cores`` usable cores take: more would be flagged by ``is_contended`` on an idle
+    machine (its slack included), since the surplus threads make every operator wait for a core."""
+    return max(1, math.floor(cores + CONTENTION_SLACK_CORES))
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process can still allocate: the kernel's MemAvailable, capped by the room left under a cgroup
+    v2 memory limit (containers, SLURM); None where neither can be read."""
+    room = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                room.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            room.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(0, min(room)) if room else None
+
+
 def safe_threads(cores: float, other_busy: float | None) -> int:
     """Threads for torch when the user chose none: one per usable core that other processes leave free (at
     least one). Fewer threads lose a little speed on a quiet machine; more threads than free cores lose most of
@@ -149,10 +174,14 @@ class TimingCheck:
         run's threads needed (``specbench.contention`` of its answer record) or its AR baseline ran at under half
         the run's median AR speed; each such question is named in ``warnings``."""
         warnings = []
-        if is_contended(self.other_load_at_start, self.threads, self.usable_cores):
+        if self.threads > max_threads(self.usable_cores):
+            # The run's own threads outnumber the cores: every question is slowed whatever else runs, so the
+            # other processes are not to blame (run.threads refuses such counts; a resumed run may bring one).
+            warnings.append(f"{self.threads} thread(s) ran on {self.usable_cores:g} usable core(s)")
+        elif is_contended(self.other_load_at_start, self.threads, self.usable_cores):
             warnings.append(f"at start other processes kept {self.other_load_at_start:.1f} of {self.usable_cores:g} "
                             f"cores busy with {self.threads} thread(s) in use")
-        for record in answers:
+        for record in answers if self.threads <= max_threads(self.usable_cores) else ():
             other = ((record.get("specbench") or {}).get("contention") or {}).get("other_cores")
             if is_contended(other, self.threads, self.usable_cores):
                 warnings.append(f"question {record['question_id']}: other processes kept {other:.1f} of "

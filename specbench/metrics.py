@@ -8,7 +8,9 @@ They follow Spec-Bench's ``evaluation/speed.py``:
   mean of per-question ratios);
 * MAT (mean accepted tokens): the mean of every per-step accept length of every question, where a step is
   one forward pass of the target, the prefill included, and an accept length counts the bonus token (so
-  plain decoding has MAT 1.00 exactly).
+  plain decoding has MAT 1.00 exactly). A prefill that settles nothing (a drafter whose first draft comes from
+  the prompt: ``Drafter.first_draft_from_prompt``) is not a step of its own: its originals read the prompt and
+  verify the first draft in one pass (PLD, SpS) or leave the prompt pass out of their counts (Token Recycling).
 
 One deliberate difference: speed.py counts the baseline's tokens by re-tokenising its answer text (minus one
 token per turn) while it takes the method's ``new_tokens`` as recorded; specbench counts the generated token
@@ -64,8 +66,10 @@ def mean_accepted_tokens(accept_lengths: Iterable[int]) -> float:
 
     >>> mean_accepted_tokens([1, 3, 2, 2])
     2.0
+    >>> mean_accepted_tokens([0, 3, 1])  # a prefill that settled nothing is not a step
+    2.0
     """
-    return float(np.mean(list(accept_lengths)))
+    return float(np.mean([length for length in accept_lengths if length > 0]))
 
 
 def acceptance_rate(accepted_draft_tokens: int, drafted_tokens: int) -> float | None:
@@ -79,12 +83,15 @@ def acceptance_rate(accepted_draft_tokens: int, drafted_tokens: int) -> float | 
 
 
 def accepted_draft_tokens(accept_lengths: Iterable[int]) -> int:
-    """Draft tokens accepted over a set of steps: every step's accept length minus its one bonus token.
+    """Draft tokens accepted over a set of steps: every step's accept length minus its one bonus token (a
+    prefill that settled nothing has none).
 
     >>> accepted_draft_tokens([1, 3, 2])
     3
+    >>> accepted_draft_tokens([0, 3])
+    2
     """
-    return int(sum(length - 1 for length in accept_lengths))
+    return int(sum(length - 1 for length in accept_lengths if length > 0))
 
 
 def draft_seconds_per_step(draft_seconds: Sequence[float], steps: Sequence[int]) -> float:

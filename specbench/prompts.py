@@ -96,6 +96,19 @@ def make_prompt_format(name: str, tokenizer, system_message: str | None = None) 
     return PROMPT_FORMATS[name](tokenizer)
 
 
+def too_long_for_context(question_id, turn: int, prompt_tokens: int, model_name: str, max_context: int) -> str:
+    """Why turn ``turn`` (counted from 1) of a question cannot be answered: its prompt of ``prompt_tokens``
+    leaves no room in the context for the answer's first token (``prompt_tokens >= max_context``)."""
+    earlier = " (the earlier turns and answers included)" if turn > 1 else ""
+    if prompt_tokens > max_context:
+        size = f"{prompt_tokens} tokens{earlier}, more than {model_name}'s context of {max_context}"
+    else:
+        size = f"{prompt_tokens} tokens{earlier}, as many as {model_name}'s context of {max_context} holds"
+    return (f"question {question_id} turn {turn}: the prompt has {size}, leaving no room for an answer; a prompt "
+            f"may have at most {max_context - 1} tokens ({prompt_tokens - max_context + 1} fewer), so that at least "
+            f"1 token can be generated")
+
+
 class ByteTokenizer:
     """UTF-8 bytes as token ids 0-255, then BOS and EOS: a tokenizer that needs no files, for tiny models."""
 

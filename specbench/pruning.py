@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
+import shlex
 import time
 from pathlib import Path
 
@@ -187,3 +186,71 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
     replace_directory(directory, write, {"kind": "pruned draft", **manifest})
     log.info("pruned draft (%d of %d layers) saved to %s in %.0f s", len(kept), total, directory, manifest["seconds"])
     return manifest
+
+
+def rebuild_command(target, directory: Path, settings: dict) -> str:
+    """The scripts/prune_draft.py command that builds the pruned draft of ``settings`` (a drafter's ``pruned``
+    entry: layers, selection, distill_tokens, corpus, and any of build_pruned_draft's other settings) at
+    ``directory``."""
+    settings = dict(settings)
+    layers = settings.pop("layers")
+    if isinstance(layers, (list, tuple)):
+        # prune_draft.py reads a number without a comma as a count, so one explicit layer is written twice.
+        layers = ",".join(str(layer) for layer in (list(layers) * 2 if len(layers) == 1 else layers))
+    words = ["python", "scripts/prune_draft.py", "--model", target.name, "--layers", str(layers),
+             "--selection", settings.pop("selection", "evenly"),
+             "--distill-tokens", str(settings.pop("distill_tokens", 0)),
+             "--corpus", settings.pop("corpus", "python-docs")]
+    for name, value in settings.items():
+        words += [f"--{name.replace('_', '-')}", str(value)]
+    return shlex.join([*words, "--out", str(directory)])
+
+
+def load_pruned_draft(directory: Path, dtype, rebuild: str, require_manifest: bool = True) -> torch.nn.Module:
+    """The pruned draft checkpoint at ``directory``, found whole first: every file of the size, and when its
+    times changed the SHA-256, that its manifest.json recorded when it was built (``artefacts.verify_files``).
+    A checkpoint without manifest.json (saved by other tools) is loaded unchecked unless ``require_manifest``.
+    Anything wrong is a one-line SpecbenchError naming the file and ``rebuild``."""
+    from transformers import AutoModelForCausalLM
+
+    from specbench.artefacts import MANIFEST, read_manifest, verify_files
+
+    if require_manifest or (directory / MANIFEST).exists():
+        problem = verify_files(directory, read_manifest(directory, "pruned draft", rebuild))
+        if problem:
+            raise SpecbenchError(f"{directory}: damaged pruned draft ({problem}); {rebuild}")
+    try:
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="sdpa",
+                                                    local_files_only=True)
+    except (OSError, ValueError) as error:
+        reason = " ".join(str(error).split())  # transformers' messages may span lines
+        raise SpecbenchError(f"draft checkpoint {directory} does not load ({reason}); {rebuild}") from None
+
+
+def pruned_draft(target, directory: Path, settings: dict, given: bool) -> torch.nn.Module:
+    """The pruned draft of ``settings`` (a drafter's ``pruned`` entry) at ``directory``, built there first if
+    missing, by one process while others wait (``artefacts.load_or_rebuild``). A damaged draft in the cache (not
+    ``given``) is rebuilt with a warning, since its directory's key covers everything it was built from; a damaged
+    one in a directory the user has ``given`` (``path`` beside ``pruned``) stops the run with one line naming the
+    damaged file and the command that rebuilds it, since that directory is the user's own."""
+    from specbench.artefacts import load_or_rebuild
+
+    rebuild = f"rebuild it with `{rebuild_command(target, directory, settings)}`"
+
+    def load() -> torch.nn.Module:
+        return load_pruned_draft(directory, target.dtype, rebuild, require_manifest=not given)
+
+    def build() -> None:
+        rest = dict(settings)
+        build_pruned_draft(target, directory, rest.pop("layers"), rest.pop("selection", "evenly"),
+                           rest.pop("distill_tokens", 0), rest.pop("corpus", "python-docs"), **rest)
+
+    if given:
+        if directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
+            try:
+                directory.rmdir()  # an empty directory made for the draft: built as if missing, without a warning
+            except OSError:
+                pass
+        if directory.exists():
+            return load()
+    return load_or_rebuild(directory, f"pruned draft of {target.name}", load, build)

@@ -15,12 +15,21 @@
     .specbench.lock          held by the process running here (pid, host, start); a second run is refused
 
 Both answer files can be fed to Spec-Bench's own ``evaluation/speed.py`` as --file-path / --base-path.
+
+Every reader (resuming, the summary, ``python -m analysis``) reads these files through ``read_run_results``: a
+line or step row counts only when it is a well-formed record of its file and of a question of the run, the
+first one of its question, of a finished question; each file's others are named in one warning and left out.
+Question ids are compared by ``question_key`` (their JSON text), so ``1`` and ``"1"`` are two questions and big
+integers keep every digit. Every write goes through ``write_atomically`` or ``append_line``: a refusing
+filesystem is one line naming the file, and nothing half-written is left for a reader to trust.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -30,10 +39,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from specbench import metrics
-from specbench.data import TASKS, Prompt
-from specbench.errors import SpecbenchError
+from specbench.data import HUB_PREFIX, SAMPLE_QUESTIONS, TASKS, Prompt, read_questions, select_questions
+from specbench.errors import SpecbenchError, storage_refusal
+from specbench.mismatch import KINDS as MISMATCH_KINDS
 from specbench.mismatch import Mismatch
 
 log = logging.getLogger(__name__)
@@ -141,11 +153,57 @@ class Answer:
         ]
 
 
+def _refused(error: BaseException, path: Path) -> SpecbenchError | None:
+    """The one-line error for a filesystem that refused a write to ``path``, or None (a bug keeps its traceback)."""
+    return storage_refusal(error, path) if isinstance(error, OSError) else None
+
+
 def write_atomically(path: Path, write) -> None:
-    """``write(staging)`` then rename over ``path``: a reader sees the old file or the new one, never half of one."""
+    """``write(staging)`` then rename over ``path``: a reader sees the old file or the new one, never half of one.
+    On any failure the staging file is removed; a filesystem that refuses (a full disk, a read-only mount, a
+    quota) is one line naming ``path`` (``specbench.errors.storage_refusal``)."""
     staging = path.with_name(path.name + ".partial")
-    write(staging)
-    os.replace(staging, path)
+    try:
+        write(staging)
+        os.replace(staging, path)
+    except BaseException as error:  # an interrupt too: a .partial left behind is half of a result file
+        with contextlib.suppress(OSError):
+            staging.unlink(missing_ok=True)
+        refusal = _refused(error, path)
+        if refusal:
+            raise refusal from error
+        raise
+
+
+def append_line(path: Path, record: dict) -> None:
+    """Append ``record`` to the .jsonl file ``path`` as one line, in one write call, then sync it. A write that
+    fails part-way (a disk filling up) is cut back to where the file ended, so no half line is left for the
+    next append to run into; if even that fails, the readers' check of every line leaves it out
+    (``read_result_lines``). A filesystem that refuses is one line naming ``path``."""
+    data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as error:
+        refusal = _refused(error, path)
+        if refusal:
+            raise refusal from error
+        raise
+    try:
+        start = os.fstat(handle).st_size
+        try:
+            written = os.write(handle, data)
+            while written < len(data):  # a short write: the rest goes through, or the disk's refusal comes
+                written += os.write(handle, data[written:])
+            os.fsync(handle)
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                os.ftruncate(handle, start)
+            refusal = _refused(error, path)
+            if refusal:
+                raise refusal from error
+            raise
+    finally:
+        os.close(handle)
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -178,29 +236,290 @@ def settings_differences(earlier: dict, now: dict, keys=None) -> list[str]:
             if before.get(key) != after.get(key) and key.rsplit(".", 1)[-1] not in NOT_COMPARED]
 
 
-def read_jsonl_records(path: str | Path, what: str = "record") -> list[dict]:
-    """The JSON records of a .jsonl file, one per line, read as bytes so that a cut inside a multi-byte UTF-8
-    character cannot break the read: a last line without its newline (a write interrupted by a kill) is
-    dropped with a warning naming the file; a damaged line before it is an error naming file and line."""
+def question_key(question_id) -> str:
+    """The one form in which question ids are compared, and stored where a column must hold a single type: their
+    JSON text. ``1`` and ``"1"`` stay two questions, as in the question file, and an integer beyond 64 bits keeps
+    every digit.
+
+    >>> question_key(1), question_key("q2"), question_key(2**70)
+    ('1', '"q2"', '1180591620717411303424')
+    """
+    if isinstance(question_id, np.integer):  # a row of an int64 column
+        question_id = int(question_id)
+    return json.dumps(question_id, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def question_id_problem(question_id) -> str | None:
+    """Why ``question_id`` cannot be a question's id, or None: ``specbench.data`` takes integers and strings."""
+    if isinstance(question_id, bool) or not isinstance(question_id, (int, str, np.integer)):
+        return f"has a question_id {_shown(question_id)} that is not an integer or a string"
+    return None
+
+
+def _shown(value) -> str:
+    """A JSON value as a message shows it: its JSON text, cut short."""
+    try:
+        return _cut(question_key(value))
+    except (TypeError, ValueError):
+        return _cut(repr(value))
+
+
+def _cut(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _json_type(value) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def _is_count(value) -> bool:
+    """A token or step count: a non-negative whole number (JSON may write it 3.0)."""
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0 and float(value).is_integer())
+
+
+def _is_seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+@dataclass(frozen=True)
+class LineKind:
+    """What a line of one kind of result file must hold to be counted (``record_problem``), beyond a JSON object
+    with an integer or string question_id.
+
+    choice_lists: the lists an answer's ``choices[0]`` must hold; none: the record is not an answer.
+    own_task:     specbench's method answers: a ``specbench`` object with the task the summary groups them by.
+    skip:         a skipped-question record: a reason and, where recorded, one of SKIP_CAUSES.
+    """
+
+    choice_lists: tuple[str, ...] = ()
+    own_task: bool = False
+    skip: bool = False
+
+
+METHOD_ANSWER = LineKind(("new_tokens", "wall_time", "accept_lengths"), own_task=True)
+# A baseline answer, specbench's or Spec-Bench's own (analysis --spec-bench): no accept lengths needed.
+BASELINE_ANSWER = LineKind(("new_tokens", "wall_time"))
+# A method's answer in Spec-Bench's own model_answer files, which have no specbench key.
+SPEC_BENCH_METHOD = LineKind(("new_tokens", "wall_time", "accept_lengths"))
+SKIPPED_QUESTION = LineKind(skip=True)
+ANY_RECORD = LineKind()
+FILE_KINDS = {"answers.jsonl": METHOD_ANSWER, "baseline_answers.jsonl": BASELINE_ANSWER,
+              "skipped.jsonl": SKIPPED_QUESTION}
+MISMATCH_FIELDS = tuple(Mismatch.__dataclass_fields__)
+
+
+def record_problem(record, kind: LineKind) -> str | None:
+    """Why ``record`` (one parsed line) is not a well-formed record of ``kind``, or None. Everything a reader of
+    results takes from a record (summary, analysis, resuming, the timing check) is checked here, once, so no
+    later sum or lookup meets a missing key or a wrong type."""
+    if not isinstance(record, dict):
+        return f"is a JSON {_json_type(record)}, not an object"
+    if "question_id" not in record:
+        return "has no question_id"
+    problem = question_id_problem(record["question_id"])
+    if problem:
+        return problem
+    if kind.skip:
+        return _skip_problem(record)
+    if kind.choice_lists:
+        return _answer_problem(record, kind)
+    return None
+
+
+def _skip_problem(record: dict) -> str | None:
+    if not isinstance(record.get("reason"), str):
+        return "has no reason (a string)"
+    if "cause" in record and record["cause"] not in SKIP_CAUSES:
+        return f"has an unknown cause {_shown(record['cause'])} (one of {', '.join(SKIP_CAUSES)})"
+    return None
+
+
+def _answer_problem(record: dict, kind: LineKind) -> str | None:
+    choices = record.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        if "turns" in record:
+            return "has turns but no choices: it is a question (Spec-Bench's question.jsonl), not an answer"
+        return "has no choices"
+    if not isinstance(record.get("category"), str):
+        return "has no category (a string)"
+    choice = choices[0]
+    for key in kind.choice_lists:
+        if not isinstance(choice.get(key), list):
+            return f"has no choices[0].{key}"
+    new_tokens, wall_time = choice["new_tokens"], choice["wall_time"]
+    if not all(_is_count(value) for value in new_tokens):
+        return "has a choices[0].new_tokens that is not a list of token counts"
+    if not all(_is_seconds(value) for value in wall_time):
+        return "has a choices[0].wall_time that is not a list of seconds"
+    if len(new_tokens) != len(wall_time):
+        return f"has {len(new_tokens)} new_tokens but {len(wall_time)} wall_time entries (one per turn each)"
+    if not sum(wall_time) > 0:
+        return "has no positive wall_time (its tokens/s would divide by zero)"
+    if "accept_lengths" in kind.choice_lists:
+        lengths = choice["accept_lengths"]
+        if not lengths or not all(_is_count(value) for value in lengths):
+            return "has a choices[0].accept_lengths that is not a non-empty list of token counts"
+    return _specbench_problem(record.get("specbench"), kind)
+
+
+def _specbench_problem(ours, kind: LineKind) -> str | None:
+    """What is wrong with an answer's ``specbench`` object (None where Spec-Bench's own files have none)."""
+    if ours is None and not kind.own_task:
+        return None
+    if not isinstance(ours, dict):
+        return "has no specbench object"
+    if kind.own_task and ours.get("task") not in TASKS:
+        return f"has no known specbench.task ({_shown(ours.get('task'))})"
+    if ours.get("identical_to_baseline") is not None and not isinstance(ours["identical_to_baseline"], bool):
+        return "has a specbench.identical_to_baseline that is not true, false or null"
+    if ours.get("drafted_tokens") is not None and not _is_count(ours["drafted_tokens"]):
+        return "has a specbench.drafted_tokens that is not a token count"
+    mismatch = ours.get("mismatch")
+    if mismatch is not None:
+        if not isinstance(mismatch, dict) or mismatch.get("kind") not in MISMATCH_KINDS:
+            return f"has a specbench.mismatch without a kind ({', '.join(MISMATCH_KINDS)})"
+        if mismatch["kind"] == "violation" and any(key not in mismatch for key in MISMATCH_FIELDS):
+            return "has a specbench.mismatch violation without its tokens and margins"
+    contention = ours.get("contention")
+    if contention is not None and not (isinstance(contention, dict) and (contention.get("other_cores") is None
+                                                                         or _is_seconds(contention["other_cores"]))):
+        return "has a specbench.contention without a number of other_cores"
+    if ours.get("peak_gpu_memory_bytes") is not None and not _is_count(ours["peak_gpu_memory_bytes"]):
+        return "has a specbench.peak_gpu_memory_bytes that is not a byte count"
+    return None
+
+
+SHOWN_PROBLEMS = 10  # left-out lines described one by one in a warning; the rest are listed by number
+
+
+def _numbers_text(numbers) -> str:
+    """1-based line or row numbers as ranges: ``3, 7-9``."""
+    ranges: list[list[int]] = []
+    for number in sorted(numbers):
+        if ranges and number == ranges[-1][1] + 1:
+            ranges[-1][1] = number
+        else:
+            ranges.append([number, number])
+    return ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in ranges)
+
+
+@dataclass
+class ResultLines:
+    """What ``read_result_lines`` kept of one .jsonl result file: the well-formed ``records``, read from the
+    1-based lines ``numbers``; and what it left out: (line, why) pairs, and ``cut``, the (line, bytes) of a
+    last line without its newline. ``exists`` is False when there is no such file."""
+
+    path: Path
+    records: list[dict] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)
+    left_out: list[tuple[int, str]] = field(default_factory=list)
+    cut: tuple[int, int] | None = None
+    exists: bool = True
+
+    def keys(self) -> set[str]:
+        return {question_key(record["question_id"]) for record in self.records}
+
+    def keep_only(self, keys: set[str], why) -> None:
+        """Leave out the records whose question is not in ``keys``; ``why(key)`` says why (a verb phrase)."""
+        kept = [(number, record) for number, record in zip(self.numbers, self.records)
+                if question_key(record["question_id"]) in keys]
+        for number, record in zip(self.numbers, self.records):
+            key = question_key(record["question_id"])
+            if key not in keys:
+                self.left_out.append((number, why(key)))
+        self.numbers = [number for number, _ in kept]
+        self.records = [record for _, record in kept]
+
+    def warning(self) -> str | None:
+        """The one warning naming every line left out and why; None when none was."""
+        parts = [] if self.cut is None else [
+            f"the last line is incomplete (line {self.cut[0]}, {self.cut[1]} bytes: a write cut short)"]
+        ordered = sorted(self.left_out)
+        parts += [f"line {number} {why}" for number, why in ordered[:SHOWN_PROBLEMS]]
+        if len(ordered) > SHOWN_PROBLEMS:
+            rest = [number for number, _ in ordered[SHOWN_PROBLEMS:]]
+            parts.append(f"and {len(rest)} more (lines {_numbers_text(rest)})")
+        if not parts:
+            return None
+        count = len(ordered) + (self.cut is not None)
+        return f"{self.path}: {'; '.join(parts)} ({count} line(s) left out, not counted)"
+
+
+def read_result_lines(path: str | Path, kind: LineKind | None = None, question_ids=None) -> ResultLines:
+    """The lines of a .jsonl result file that count, and why each of the others does not; nothing is fatal but a
+    file that cannot be read at all. The file is read as bytes, so a cut inside a multi-byte UTF-8 character
+    cannot break the read.
+
+    A line counts when it is whole (ends in a newline: a write interrupted by a kill or a full disk leaves the
+    last line without one), UTF-8 JSON, a well-formed record of ``kind`` (``record_problem``; default: the kind
+    of the file's name in FILE_KINDS), of a question in ``question_ids`` when that is given, and not a repeat:
+    the first well-formed line of a question is kept and every later one left out, since a run appends one
+    line per question in the order it finishes them and a second one can only come from outside (a copy, a
+    concatenation, an edit). Ids are compared by ``question_key``. Blank lines hold nothing and are passed over."""
     path = Path(path)
+    kind = kind or FILE_KINDS.get(path.name, ANY_RECORD)
+    lines = ResultLines(path)
     if not path.is_file():
-        return []
+        lines.exists = False
+        return lines
     try:
         data = path.read_bytes()
     except OSError as error:
         raise SpecbenchError(f"{path}: cannot be read ({error.strerror or error})") from None
-    lines = data.split(b"\n")
-    if lines[-1].strip():
-        log.warning("%s: the last line is incomplete (%d bytes, a write cut short); ignoring it", path, len(lines[-1]))
-    records = []
-    for number, line in enumerate(lines[:-1], start=1):
-        if not line.strip():
+    wanted = None if question_ids is None else {question_key(question) for question in question_ids}
+    first_line: dict[str, int] = {}
+    pieces = data.split(b"\n")
+    if pieces[-1].strip():
+        lines.cut = (len(pieces), len(pieces[-1]))
+    for number, raw in enumerate(pieces[:-1], start=1):
+        if not raw.strip():
             continue
         try:
-            records.append(json.loads(line.decode("utf-8")))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise SpecbenchError(f"{path}, line {number}: not a valid JSON {what}; the file is damaged") from None
-    return records
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.left_out.append((number, "is not UTF-8 text"))
+            continue
+        except (ValueError, RecursionError):  # JSONDecodeError, an integer past Python's 4300 digits, deep nesting
+            lines.left_out.append((number, "is not valid JSON"))
+            continue
+        problem = record_problem(record, kind)
+        if problem is None:
+            key = question_key(record["question_id"])
+            if wanted is not None and key not in wanted:
+                problem = f"is of question {_shown(record['question_id'])}, not one of this run's questions"
+            elif key in first_line:
+                problem = f"repeats question {_shown(record['question_id'])} of line {first_line[key]} (the first is kept)"
+            else:
+                first_line[key] = number
+        if problem:
+            lines.left_out.append((number, problem))
+            continue
+        lines.records.append(record)
+        lines.numbers.append(number)
+    return lines
+
+
+def _warn(message: str | None, warnings: list[str], already: set[str] | None = None) -> None:
+    """Keep ``message`` in ``warnings`` and log it, unless it is in ``already`` (the warnings a RunDirectory
+    gave before: a resumed run reads its files twice, the finished-run check then the opening, and one bad line
+    is one warning)."""
+    if message:
+        if already is None or message not in already:
+            log.warning("%s", message)
+            if already is not None:
+                already.add(message)
+        warnings.append(message)
+
+
+def read_jsonl_records(path: str | Path, kind: LineKind | str | None = None, question_ids=None) -> list[dict]:
+    """The records of a .jsonl result file that count (``read_result_lines``), with one warning naming the file,
+    the lines left out and why. A string ``kind`` (the label older callers passed) reads as None: the kind of
+    the file's name."""
+    lines = read_result_lines(path, kind if isinstance(kind, LineKind) else None, question_ids)
+    _warn(lines.warning(), [])
+    return lines.records
 
 
 def read_json_file(path: str | Path, what: str) -> dict:
@@ -218,21 +537,217 @@ def read_json_file(path: str | Path, what: str) -> dict:
     return value
 
 
-def _read_steps(path: Path) -> pd.DataFrame:
-    """steps.parquet, or an empty table when there is none. It is replaced atomically, so a damaged one was
-    damaged from outside: say so rather than guess which questions it held."""
+# steps.parquet's question_id column holds the ids themselves when they are all 64-bit integers or all strings,
+# as every schema has written them; otherwise (1 and "q2" in one run, an integer beyond int64, which one
+# Arrow column cannot hold) it holds their question_key JSON text, and this key of the file's metadata says so.
+ID_FORM_KEY, JSON_IDS = b"specbench.question_id", b"json"
+INT64 = np.iinfo(np.int64)
+
+
+def _fits_int64(value) -> bool:
+    return (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            and INT64.min <= int(value) <= INT64.max)
+
+
+def write_steps_file(frame: pd.DataFrame, path: Path) -> None:
+    """Write step rows (STEP_COLUMNS) to the parquet file ``path``, ids as the module's comment above says."""
+    ids = frame["question_id"].tolist()
+    native = all(map(_fits_int64, ids)) or all(isinstance(question, str) for question in ids)
+    if not native:
+        frame = frame.assign(question_id=[question_key(question) for question in ids])
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    if not native:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), ID_FORM_KEY: JSON_IDS})
+    pq.write_table(table, path)
+
+
+def _decoded_id(text):
+    """An id back from its question_key text; None (a row left out as malformed) for text that is not one."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def read_steps_file(path: Path) -> pd.DataFrame:
+    """steps.parquet with the question ids as the question file has them (``write_steps_file``), or an empty
+    table when there is none. It is replaced atomically, so one that cannot be read or lacks a column was
+    damaged from outside: a SpecbenchError naming it (the caller says what follows)."""
     if not path.is_file():
         return pd.DataFrame(columns=STEP_COLUMNS)
     try:
-        return pd.read_parquet(path)
-    except Exception as error:  # pyarrow raises several kinds for a damaged file
-        raise SpecbenchError(f"{path} is damaged ({type(error).__name__}); remove it to re-run the questions it "
-                             "held (their answers are then re-run too)") from None
+        table = pq.read_table(path)
+        frame = table.to_pandas()
+    except Exception as error:  # pyarrow raises several kinds for a cut or foreign file
+        if isinstance(error, OSError) and error.errno is not None:
+            raise SpecbenchError(f"{path}: cannot be read ({error.strerror or error})") from None
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise SpecbenchError(f"{path} is damaged ({reason})") from None
+    missing = [column for column in STEP_COLUMNS if column not in frame]
+    if missing:
+        raise SpecbenchError(f"{path} lacks the columns {', '.join(missing)}")
+    if (table.schema.metadata or {}).get(ID_FORM_KEY) == JSON_IDS:
+        frame["question_id"] = pd.Series([_decoded_id(text) for text in frame["question_id"]], index=frame.index,
+                                         dtype=object)
+    return frame
+
+
+@dataclass
+class StepRows:
+    """What ``read_run_results`` kept of steps.parquet: the rows, each one's question key, and (row, why) of the
+    rows left out (1-based, in file order)."""
+
+    path: Path
+    frame: pd.DataFrame
+    keys: list[str]
+    left_out: list[tuple[int, str]] = field(default_factory=list)
+
+    def keep_only(self, keys: set[str], why) -> None:
+        mask = [key in keys for key in self.keys]
+        rows = self.frame["_row"].tolist()
+        self.left_out += [(row, why(key)) for row, key, kept in zip(rows, self.keys, mask) if not kept]
+        self.frame = self.frame[np.array(mask, dtype=bool)]
+        self.keys = [key for key, kept in zip(self.keys, mask) if kept]
+
+    def warning(self) -> str | None:
+        if not self.left_out:
+            return None
+        by_why: dict[str, list[int]] = {}
+        for row, why in sorted(self.left_out):
+            by_why.setdefault(why, []).append(row)
+        parts = [f"rows {_numbers_text(rows)} {why}" for why, rows in by_why.items()]
+        shown = parts[:SHOWN_PROBLEMS] + ([f"and {len(parts) - SHOWN_PROBLEMS} more"] if len(parts) > SHOWN_PROBLEMS else [])
+        return f"{self.path}: {'; '.join(shown)} ({len(self.left_out)} row(s) left out, not counted)"
+
+
+def _step_rows(path: Path, frame: pd.DataFrame, wanted: set[str] | None) -> StepRows:
+    """The rows of a steps table with a well-formed question id, turn and step, of a question in ``wanted``
+    (when known), each (question, turn, step) once: the first is kept, as for the lines of the answer files."""
+    frame = frame.assign(_row=range(1, len(frame) + 1))
+    keys, mask, left_out, seen = [], [], [], set()
+    for row, question, turn, step in zip(frame["_row"], frame["question_id"], frame["turn"], frame["step"]):
+        problem = question_id_problem(question)
+        key = None if problem else question_key(question)
+        if problem is None and not (_is_count(turn) and _is_count(step)):
+            problem = f"of question {_shown(question)} have a turn or step that is not a count"
+        elif problem is None and wanted is not None and key not in wanted:
+            problem = f"are of question {_shown(question)}, not one of this run's questions"
+        elif problem is None and (key, int(turn), int(step)) in seen:
+            problem = f"repeat steps of question {_shown(question)} (the first are kept)"
+        if problem is None:
+            seen.add((key, int(turn), int(step)))
+            keys.append(key)
+        else:
+            left_out.append((row, problem))
+        mask.append(problem is None)
+    return StepRows(path, frame[np.array(mask, dtype=bool)], keys, left_out)
+
+
+def run_question_ids(settings: dict) -> set | None:
+    """The ids of the questions a run may answer, from its run.json (``settings``): those of its question file,
+    narrowed to task.tasks and task.limit_per_task where recorded (they are not: a run directory may be extended
+    to more questions). None when they cannot be known here: no task settings (schema 2, tests), a hub dataset
+    (not downloaded for this), or a question file that is gone or no longer holds what the run read (its
+    content_sha256 differs)."""
+    from specbench.artefacts import file_digest
+
+    task = settings.get("task") if isinstance(settings, dict) else None
+    if not isinstance(task, dict) or not task.get("content_sha256"):
+        return None
+    path = task.get("path")
+    if path is not None and (not isinstance(path, str) or path.startswith(HUB_PREFIX)):
+        return None
+    file = SAMPLE_QUESTIONS if path is None else Path(path).expanduser()
+    try:
+        if not file.is_file() or file_digest(file) != task["content_sha256"]:
+            return None
+        prompts = read_questions(path)
+        if task.get("tasks") is not None:
+            prompts = select_questions(prompts, list(task["tasks"]), task.get("limit_per_task"))
+    except (SpecbenchError, OSError, TypeError, ValueError):
+        return None
+    return {prompt.question_id for prompt in prompts}
+
+
+@dataclass
+class RunResults:
+    """What ``read_run_results`` kept of a run directory: the answer and baseline records and the step rows of
+    its finished questions (``finished``: their ids), its skipped-question records, whether the answer files
+    exist, and the warnings it gave. ``steps`` is None, with ``steps_problem`` saying why, when the steps
+    were not required and could not be read."""
+
+    answers: list[dict]
+    baseline: list[dict]
+    skipped: list[dict]
+    steps: pd.DataFrame | None
+    finished: set
+    warnings: list[str]
+    steps_problem: str | None = None
+    has_answers: bool = True
+    has_baseline: bool = True
+
+
+def read_run_results(run_dir: str | Path, with_baseline: bool, question_ids=None,
+                     steps_required: bool = True, already_warned: set[str] | None = None) -> RunResults:
+    """Every result file of ``run_dir`` read the one way that resuming, the summary and analysis all share.
+
+    A line of answers.jsonl, baseline_answers.jsonl or skipped.jsonl counts as ``read_result_lines`` says
+    (well-formed, of a question in ``question_ids`` when known, the first of its question), and so does a row
+    of steps.parquet (a well-formed id, turn and step; the first row of each). A question is finished when
+    it has its method answer, its baseline answer (``with_baseline``) and its steps; the lines and rows of the
+    others are left out too. Each file's left-out lines or rows are named in one warning: the file, their
+    numbers, why. None of that is fatal.
+
+    ``steps_required``: a steps.parquet that is damaged is a SpecbenchError (resuming: its questions cannot be
+    told finished); without it (analysis) such a file, or none, leaves ``steps`` None and the questions are
+    finished by their answers alone."""
+    run_dir = Path(run_dir)
+    wanted = None if question_ids is None else {question_key(question) for question in question_ids}
+    answers = read_result_lines(run_dir / "answers.jsonl", METHOD_ANSWER, question_ids)
+    baseline = read_result_lines(run_dir / "baseline_answers.jsonl", BASELINE_ANSWER, question_ids)
+    skipped = read_result_lines(run_dir / "skipped.jsonl", SKIPPED_QUESTION, question_ids)
+    steps_file, steps_problem, steps = run_dir / "steps.parquet", None, None
+    try:
+        if steps_required or steps_file.is_file():
+            steps = _step_rows(steps_file, read_steps_file(steps_file), wanted)
+        else:
+            steps_problem = f"{steps_file} not found"
+    except SpecbenchError as error:
+        if steps_required:
+            raise SpecbenchError(f"{error}; remove it to re-run the questions it held (their answers are then "
+                                 "re-run too)") from None
+        steps_problem = str(error)
+
+    answer_keys, baseline_keys = answers.keys(), baseline.keys() if with_baseline else None
+    step_keys = None if steps is None else set(steps.keys)
+    finished = answer_keys.intersection(*[keys for keys in (baseline_keys, step_keys) if keys is not None])
+
+    def unfinished(verb: str, *needed):
+        def why(key: str) -> str:
+            missing = [name for name, keys in needed if keys is not None and key not in keys]
+            return f"{verb} of question {_cut(key)}, which is not finished (no {', no '.join(missing)})"
+        return why
+
+    answers.keep_only(finished, unfinished("is", ("baseline answer", baseline_keys), ("steps", step_keys)))
+    baseline.keep_only(finished, unfinished("is", ("method answer", answer_keys), ("steps", step_keys)))
+    if steps is not None:
+        steps.keep_only(finished, unfinished("are", ("method answer", answer_keys), ("baseline answer", baseline_keys)))
+    warnings: list[str] = []
+    for part in (answers, baseline, skipped, *([steps] if steps is not None else [])):
+        _warn(part.warning(), warnings, already_warned)
+    frame = None if steps is None else steps.frame.drop(columns="_row").reset_index(drop=True)
+    return RunResults(answers.records, baseline.records, skipped.records, frame,
+                      {record["question_id"] for record in answers.records}, warnings, steps_problem,
+                      answers.exists, baseline.exists)
 
 
 def read_answers(run_dir: str | Path) -> list[dict]:
-    """The method's answer records of a run directory (none when it has no answers yet)."""
-    return read_jsonl_records(Path(run_dir) / "answers.jsonl", "answer record")
+    """The method's answers of the finished questions of a run directory (``read_run_results``; none when it has
+    no answers yet)."""
+    run_dir = Path(run_dir)
+    settings_file = run_dir / "run.json"
+    settings = read_json_file(settings_file, "run's settings") if settings_file.is_file() else {}
+    return read_run_results(run_dir, (run_dir / "baseline_answers.jsonl").is_file(), run_question_ids(settings)).answers
 
 
 class RunDirectory:
@@ -252,38 +767,42 @@ class RunDirectory:
         self.skipped: list[dict] = []
         self.baseline_answers: list[dict] = []
         self._step_frames: list[pd.DataFrame] = []
+        self._warned: set[str] = set()  # the warnings about this directory's lines given so far, each given once
+        self._peeked: RunResults | None = None  # what skipped_ids / finished_ids read, read (and warned about) once
 
     def open(self, settings: dict) -> set:
         """Start or continue the run here with ``settings`` (already checked against an earlier run.json by the
-        runner), load what an earlier session finished and return the ids of the finished questions. A question
-        counts as finished only when all of its files were written."""
+        runner), load what an earlier session finished and return the ids of the finished questions. What counts
+        is what ``read_run_results`` keeps (finished questions of this run's question set, as run.json's task
+        settings select it when its question file is at hand); the files are rewritten without the rest, so
+        appends continue from a clean state."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            if self.settings_file.is_file():  # the runner checked before loading; this guards every other caller
-                earlier = read_json_file(self.settings_file, "settings file of the run in this directory")
-                changed = settings_differences(earlier, settings)
-                if changed:
-                    raise SpecbenchError(f"{self.path} holds results of a run with other settings "
-                                         f"({'; '.join(changed)}); choose another hydra.run.dir or remove that directory")
-            else:
-                text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
-                write_atomically(self.settings_file, lambda p: p.write_text(text))
-            answers, baseline, steps, finished = self._read()
-            self.answers = [r for r in answers if r["question_id"] in finished]
-            self.baseline_answers = [r for r in baseline if r["question_id"] in finished]
-            self.skipped = read_jsonl_records(self.skipped_file, "skipped-question record")
-            kept_steps = steps[steps["question_id"].isin(list(finished))]
-            self._step_frames = [kept_steps] if len(kept_steps) else []
-            # Rewrite the files without any half-finished question, so appends continue from a clean state.
-            self._rewrite_jsonl(self.answers_file, self.answers)
-            if self.with_baseline:
-                self._rewrite_jsonl(self.baseline_file, self.baseline_answers)
-            self._rewrite_jsonl(self.skipped_file, self.skipped)
-            self._write_steps()
-        except PermissionError as error:
-            raise SpecbenchError(f"cannot write to the run directory {self.path} ({error.strerror}: "
-                                 f"{error.filename}); choose a writable hydra.run.dir") from None
-        return finished
+        except OSError as error:
+            refusal = storage_refusal(error, self.path, "create")
+            if refusal:
+                raise refusal from error
+            raise
+        if self.settings_file.is_file():  # the runner checked before loading; this guards every other caller
+            earlier = read_json_file(self.settings_file, "settings file of the run in this directory")
+            changed = settings_differences(earlier, settings)
+            if changed:
+                raise SpecbenchError(f"{self.path} holds results of a run with other settings "
+                                     f"({'; '.join(changed)}); choose another hydra.run.dir or remove that directory")
+        else:
+            text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
+            write_atomically(self.settings_file, lambda p: p.write_text(text))
+        results = read_run_results(self.path, self.with_baseline, run_question_ids(settings),
+                                   already_warned=self._warned)
+        self._peeked = None
+        self.answers, self.baseline_answers, self.skipped = results.answers, results.baseline, results.skipped
+        self._step_frames = [results.steps] if len(results.steps) else []
+        self._rewrite_jsonl(self.answers_file, self.answers)
+        if self.with_baseline:
+            self._rewrite_jsonl(self.baseline_file, self.baseline_answers)
+        self._rewrite_jsonl(self.skipped_file, self.skipped)
+        self._write_steps()
+        return results.finished
 
     def skip(self, prompt: Prompt, reason: str, cause: str = "too_long", details: dict | None = None) -> None:
         """Record that ``prompt`` cannot be run here and why (the summary lists it; a resumed run passes it by).
@@ -293,43 +812,47 @@ class RunDirectory:
             raise ValueError(f"unknown skip cause {cause!r}; one of {', '.join(SKIP_CAUSES)}")
         record = {"question_id": prompt.question_id, "task": prompt.task, "reason": reason, "cause": cause,
                   **(details or {})}
-        self._append_jsonl(self.skipped_file, record)
+        append_line(self.skipped_file, record)
         self.skipped.append(record)
+        self._peeked = None
+
+    def _recorded(self) -> RunResults:
+        """The results here as ``read_run_results`` keeps them, for the question set of the run.json here; read
+        once per RunDirectory before it is opened."""
+        if self._peeked is None:
+            settings = (read_json_file(self.settings_file, "settings file of the run in this directory")
+                        if self.settings_file.is_file() else {})
+            self._peeked = read_run_results(self.path, self.with_baseline, run_question_ids(settings),
+                                            already_warned=self._warned)
+        return self._peeked
 
     def skipped_ids(self) -> set:
         """Ids of the questions recorded as skipped, read without changing anything."""
-        return {record["question_id"] for record in read_jsonl_records(self.skipped_file, "skipped-question record")}
-
-    def _read(self):
-        answers = read_jsonl_records(self.answers_file, "answer record")
-        baseline = read_jsonl_records(self.baseline_file, "answer record")
-        steps = _read_steps(self.steps_file)
-        finished = {record["question_id"] for record in answers} & set(steps["question_id"].tolist())
-        if self.with_baseline:
-            finished &= {record["question_id"] for record in baseline}
-        return answers, baseline, steps, finished
+        return {record["question_id"] for record in self._recorded().skipped} if self.path.is_dir() else set()
 
     def finished_ids(self) -> set:
         """Ids of the questions finished here, read without changing anything."""
-        return self._read()[3] if self.path.is_dir() else set()
+        return self._recorded().finished if self.path.is_dir() else set()
 
     def add(self, answer: dict, baseline: dict | None, step_rows: list[dict]) -> None:
         """Record one finished question: answers first, steps last (the steps mark it finished)."""
         if baseline is not None:
-            self._append_jsonl(self.baseline_file, baseline)
+            append_line(self.baseline_file, baseline)
             self.baseline_answers.append(baseline)
-        self._append_jsonl(self.answers_file, answer)
+        append_line(self.answers_file, answer)
         self.answers.append(answer)
+        self._peeked = None
         self._step_frames.append(pd.DataFrame(step_rows, columns=STEP_COLUMNS))
         self._write_steps()
 
     def save_drafter_state(self, state: dict[str, np.ndarray]) -> None:
         """Keep a drafter's cross-question state, with the questions finished so far (written after them)."""
-        finished = np.array([str(record["question_id"]) for record in self.answers])
+        finished = np.array([question_key(record["question_id"]) for record in self.answers])
         write_atomically(self.drafter_state_file, lambda p: _save_npz(p, {**state, "_questions": finished}))
 
     def drafter_state(self) -> tuple[dict[str, np.ndarray], set[str]] | None:
-        """The saved drafter state and the ids (as strings) of the questions it has seen; None if none."""
+        """The saved drafter state and the ids (as ``str(question_id)``) of the questions it has seen; None if
+        none. The file keeps their question_key; files written before that kept ``str`` forms, read alike."""
         if not self.drafter_state_file.is_file():
             return None
         try:
@@ -338,7 +861,13 @@ class RunDirectory:
         except (OSError, ValueError) as error:
             raise SpecbenchError(f"{self.drafter_state_file} is damaged ({error}); remove it to start the drafter's "
                                  "state afresh (the resumed questions then differ from an uninterrupted run)") from None
-        seen = set(arrays.pop("_questions").tolist())
+        if "_questions" not in arrays:
+            raise SpecbenchError(f"{self.drafter_state_file} is damaged (it does not list the questions it has seen); "
+                                 "remove it to start the drafter's state afresh")
+        seen = set()
+        for text in arrays.pop("_questions").tolist():
+            question = _decoded_id(text)
+            seen.add(str(question) if question_id_problem(question) is None else text)
         return arrays, seen
 
     def steps(self) -> pd.DataFrame:
@@ -358,27 +887,20 @@ class RunDirectory:
         return summary
 
     @staticmethod
-    def _append_jsonl(path: Path, record: dict) -> None:
-        with path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    @staticmethod
     def _rewrite_jsonl(path: Path, records: list[dict]) -> None:
         text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
         write_atomically(path, lambda p: p.write_text(text, encoding="utf-8"))
 
     def _write_steps(self) -> None:
         frame = self.steps()
-        write_atomically(self.steps_file, lambda p: frame.to_parquet(p, index=False))
+        write_atomically(self.steps_file, lambda p: write_steps_file(frame, p))
 
 
 def summarize(answers: list[dict], baseline_answers: list[dict] | None) -> dict:
     """Per-task and overall statistics (``specbench.metrics.group_statistics``: Spec-Bench's definitions),
     with, when there is a baseline, how many answers are identical to it and how many differ at a near-tie
     or by a violation (``specbench.mismatch``)."""
-    baseline_by_id = {record["question_id"]: record for record in baseline_answers or []}
+    baseline_by_id = {question_key(record["question_id"]): record for record in baseline_answers or []}
     groups: dict[str, list[dict]] = {}
     for record in answers:
         groups.setdefault(record["specbench"]["task"], []).append(record)
@@ -390,7 +912,7 @@ def summarize(answers: list[dict], baseline_answers: list[dict] | None) -> dict:
 
 
 def _group_summary(records: list[dict], baseline_by_id: dict, with_baseline: bool) -> dict:
-    baseline = [baseline_by_id[record["question_id"]] for record in records] if with_baseline else None
+    baseline = [baseline_by_id[question_key(record["question_id"])] for record in records] if with_baseline else None
     statistics = metrics.group_statistics(records, baseline)
     identical = [r["specbench"]["identical_to_baseline"] if with_baseline else None for r in records]
     counts = metrics.exactness_counts(identical, [metrics.answer_mismatch_kind(r) for r in records])

@@ -25,7 +25,7 @@ import socket
 from pathlib import Path
 
 from specbench.artefacts import FileLock, describe_holder, holder_is_dead
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, storage_refusal
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,16 @@ class RunLock:
             if not self.directory.exists():
                 self.directory.mkdir(parents=True)
                 self._created.append(self.directory)
+        except OSError as error:
+            self._refuse_write(error, None, "create")
+        created_file = False
+        try:
             created_file = not self.path.exists()
             if created_file:
                 self._created.insert(0, self.path)
             self._handle = open(self.path, "a+", encoding="utf-8")
-        except PermissionError as error:
-            self._remove_created()
-            raise SpecbenchError(f"cannot write to the run directory {self.directory} ({error.strerror}); choose a "
-                                 "writable hydra.run.dir") from None
+        except OSError as error:  # an existing run directory on a read-only or full filesystem
+            self._refuse_write(error, self.path, "lock")
         try:
             fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # flock is released when its holder dies: this one runs
@@ -86,11 +88,15 @@ class RunLock:
         if earlier and earlier.get("pid") != os.getpid():
             log.warning("%s: taking over the lock of a run that is no longer running (%s)", self.directory,
                         describe_holder(earlier))
-        self._handle.seek(0)
-        self._handle.truncate()
-        self._handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                       "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}))
-        self._handle.flush()
+        try:
+            self._handle.seek(0)
+            self._handle.truncate()
+            self._handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                           "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}))
+            self._handle.flush()
+        except OSError as error:  # a full disk: the lock is flock's, the holder's name only explains a refusal
+            self._close_quietly()
+            self._refuse_write(error, self.path, "lock")
 
     def _lock_by_creation(self, created_file: bool) -> None:
         """The lock where flock is not supported: creating the lock file (``FileLock``, no waiting, never taken
@@ -101,15 +107,38 @@ class RunLock:
         self._file_lock = FileLock(self.path)
         try:
             locked = self._file_lock.acquire()
-        except OSError as error:
+        except SpecbenchError:  # the filesystem refused the lock file (FileLock names it)
             self._file_lock = None
             self._remove_created()
-            raise SpecbenchError(f"cannot write to the run directory {self.directory} ({error.strerror}); choose a "
-                                 "writable hydra.run.dir") from None
+            raise
+        except OSError as error:
+            self._file_lock = None
+            self._refuse_write(error, self.path, "lock")
         if not locked:
             holder, self._file_lock = self._file_lock.holder, None
             self._remove_created()
             self._refuse(holder, by_creation=True)
+
+    def _refuse_write(self, error: OSError, path: Path | None, what: str) -> None:
+        """Remove what this process created and raise the one-line refusal of a filesystem that will not take the
+        write (``errors.storage_refusal``), or ``error`` itself when it is not one (a bug keeps its traceback)."""
+        self._remove_created()
+        refusal = storage_refusal(error, path, what)
+        if refusal is None:
+            raise error
+        raise refusal from error
+
+    def _close_quietly(self) -> None:
+        """Unlock and close the lock file; a write still buffered for a full disk fails here and is dropped."""
+        try:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+        except OSError:
+            pass  # closing releases the flock in any case
+        try:
+            self._handle.close()
+        except OSError:
+            pass
+        self._handle = None
 
     def _refuse(self, holder: dict | None, by_creation: bool) -> None:
         """Close the lock file and raise the one-line refusal; for a lock held by creation on another host, name
@@ -137,13 +166,14 @@ class RunLock:
         if self._handle is None:
             return
         if self._kept or not self._created:
-            self._handle.seek(0)
-            self._handle.truncate()
+            try:
+                self._handle.seek(0)
+                self._handle.truncate()
+            except OSError as error:  # a later run reads a holder that is gone, and takes the lock over
+                log.warning("%s: could not empty the run lock (%s)", self.path, error)
         else:
             self._remove_created()
-        fcntl.flock(self._handle, fcntl.LOCK_UN)
-        self._handle.close()
-        self._handle = None
+        self._close_quietly()
 
     def _remove_created(self) -> None:
         for path in self._created:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from specbench.mismatch import diagnose
 from specbench.models import LoadedModel
 from specbench.models.devices import driver_version, gpus_listed_by_driver, why_no_cuda
 from specbench.models.loaded import weights_fingerprint
+from specbench.prompts import too_long_for_context
 from specbench.config import check_group_keys
 from specbench.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
 from specbench.records import (SCHEMA_VERSION, Answer, RunDirectory, read_json_file, settings_differences,
@@ -79,10 +81,8 @@ def answer_question(
         prompt_ids = model.encode_conversation(list(prompt.turns[: turn + 1]), answer.texts)
         budget = model.max_context - len(prompt_ids)
         if budget < 1:
-            raise TurnTooLong(
-                f"question {prompt.question_id} turn {turn + 1}: the prompt has {len(prompt_ids)} tokens, more than "
-                f"{model.name}'s context of {model.max_context}"
-            )
+            raise TurnTooLong(too_long_for_context(prompt.question_id, turn + 1, len(prompt_ids), model.name,
+                                                   model.max_context))
         generation = decoder.generate(prompt_ids, drafter, min(max_new_tokens, budget), on_step=on_step,
                                       seed=turn_seed(decoder.sampling.seed, prompt.question_id, turn))
         answer.texts.append(model.decode(generation.token_ids))
@@ -271,13 +271,15 @@ def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict
                              "choose another hydra.run.dir or remove that directory")
 
 
-def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt]) -> dict | None:
+def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt],
+                     run_dir: RunDirectory | None = None) -> dict | None:
     """The summary of ``output_dir`` when it already holds every selected question for these settings, so a
-    re-run sweep skips finished cells without loading anything; None otherwise."""
+    re-run sweep skips finished cells without loading anything; None otherwise. ``run_dir``: the RunDirectory
+    the run opens afterwards, so that a bad line read here is not warned about twice."""
     summary_file = Path(output_dir) / "summary.json"
     if not summary_file.is_file():
         return None
-    run_dir = RunDirectory(output_dir, with_baseline=cfg.run.baseline)
+    run_dir = run_dir or RunDirectory(output_dir, with_baseline=cfg.run.baseline)
     done = run_dir.finished_ids() | run_dir.skipped_ids()
     if not all(prompt.question_id in done for prompt in questions):
         return None
@@ -300,7 +302,11 @@ def choose_threads(settings: RunSettings, earlier: dict | None, processes: int =
         threads = settings.threads
     else:
         threads = earlier["threads"] if earlier and isinstance(earlier.get("threads"), int) else safe_threads(cores, other)
-        if other and threads > safe_threads(cores, other):
+        if threads > cores:  # the earlier session ran on a machine with more cores; run.json pins the count
+            log.warning("this run began with %d threads and resumes with them, but this machine has %g usable "
+                        "core(s): threads will share cores and its timings will be flagged; resume it on a machine "
+                        "like the first", threads, cores)
+        elif other and threads > safe_threads(cores, other):
             log.warning("other processes keep %.1f of %g cores busy; this run resumes with the %d threads it began "
                         "with, so its timings will be flagged", other, cores, threads)
     if is_contended(other, threads, cores):
@@ -336,12 +342,13 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
 def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output_dir: str, on_open,
          processes: Processes) -> dict:
     wanted = config_settings(cfg)
+    run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
 
     def check_directory():
         # Everything the configuration fixes is checked before anything is loaded or written.
         earlier = earlier_settings(output_dir)
         check_resumable(output_dir, earlier, wanted)
-        return earlier, already_finished(cfg, output_dir, questions)
+        return earlier, already_finished(cfg, output_dir, questions, run_dir)
 
     earlier, finished_summary = processes.decide(check_directory)
     if finished_summary is not None:
@@ -354,9 +361,11 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
     with RunLock(output_dir) as lock:
         drafter: Drafter = build(cfg.drafter)
         model: LoadedModel = build(cfg.model, device=settings.device, linear_backend=settings.linear_backend)
+        # A hub or GGUF model tells its context only once loaded; check the token counts before the drafter's
+        # databases are built.
+        settings.check_context(model.max_context, f"{model.name}'s context of {model.max_context} tokens")
         sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
         drafter.prepare(model, sampling)
-        run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
         loaded = loaded_settings(model, drafter)  # every process: the weights' fingerprint gathers shards
         finished = processes.decide(lambda: run_dir.open({**wanted, **loaded}))  # checks the loaded part too
         lock.keep()
@@ -375,7 +384,10 @@ def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, s
     baseline = NoDraft()
     dtype = str(model.dtype).removeprefix("torch.")
     method = settings.method_name(drafter.name)
-    header = {"model": model.name, "drafter": drafter.name, "method": method, "environment": environment(model)}
+    header = {"model": model.name, "drafter": drafter.name, "method": method, "environment": environment(model),
+              "drafter_sources": drafter.sources()}
+    for database, source in header["drafter_sources"].items():
+        log.info("%s %s built from %s", drafter.name, database, source.get("prompt_set") or source)
     if finished:
         log.info("resuming in %s: %d of %d questions already done", output_dir, len(finished), len(questions))
 
@@ -383,8 +395,10 @@ def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, s
                       target_top_k=settings.target_top_k, diagnostic_top_k=settings.mismatch_top_k)
     pending = _skip_too_long(model, pending, run_dir)
     if pending:
-        _warm_up(settings, model, decoder, drafter, baseline, pending, run_dir.path, processes)
-        _restore_drafter_state(drafter, run_dir, finished, processes)
+        saved_state = _saved_drafter_state(drafter, run_dir, finished, processes)
+        _warm_up(settings, model, decoder, drafter, baseline, pending, run_dir.path, processes,
+                 teach_state=saved_state is None)
+        _restore_drafter_state(drafter, run_dir, finished, saved_state)
 
     bar = tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
                desc=f"{method} vs ar" if settings.baseline else method, dynamic_ncols=True,
@@ -476,11 +490,8 @@ def compare_with_baseline(method: Answer, baseline: Answer | None, tolerance: fl
 
 def first_turn_ids(model: LoadedModel, prompt: Prompt) -> list[int]:
     prompt_ids = model.encode_conversation([prompt.turns[0]], [])
-    if len(prompt_ids) >= model.max_context:
-        raise TurnTooLong(
-            f"question {prompt.question_id} turn 1: the prompt has {len(prompt_ids)} tokens, more than "
-            f"{model.name}'s context of {model.max_context}"
-        )
+    if len(prompt_ids) >= model.max_context:  # the answer needs room for at least one token
+        raise TurnTooLong(too_long_for_context(prompt.question_id, 1, len(prompt_ids), model.name, model.max_context))
     return prompt_ids
 
 
@@ -529,15 +540,22 @@ def saved_latencies(latency_file: Path) -> dict[int, float] | None:
         return None
 
 
-def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: set, processes: Processes) -> None:
-    """On resuming, give a drafter that carries state across questions the state it had after the finished
-    ones (taken after the warm-up, which the interrupted run also saw before its first question)."""
+def _saved_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: set, processes: Processes):
+    """(state, ids of the questions it has seen) that an interrupted session of this run saved, when resuming a
+    drafter that carries state across questions; None otherwise (then a missing save is warned about)."""
     if not finished or drafter.state() is None:
-        return
+        return None
     saved = processes.share(run_dir.drafter_state())
     if saved is None:
-        log.warning("%s: no saved drafter state; %s starts the resumed questions afresh, so they may differ from "
-                    "an uninterrupted run's", run_dir.path, drafter.name)
+        log.warning("%s: no saved drafter state; %s starts the resumed questions from its warm-up alone, so they "
+                    "may differ from an uninterrupted run's", run_dir.path, drafter.name)
+    return saved
+
+
+def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: set, saved) -> None:
+    """On resuming, give a drafter that carries state across questions the state it had after the finished
+    ones (which the interrupted run's warm-up also taught, before its first question)."""
+    if saved is None:
         return
     state, seen = saved
     drafter.restore(state)
@@ -547,15 +565,37 @@ def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: se
                     run_dir.path, len(seen & {str(q) for q in finished}), len(finished))
 
 
+def _warm_up_state(settings: RunSettings, model: LoadedModel, decoder: Decoder, drafter: Drafter,
+                   prompt: Prompt) -> None:
+    """The warm-up of a method that carries state across questions, which the first measured question meets:
+    ``run.state_warmup_runs`` decodes of ``prompt`` (every turn or the first, ``run.state_warmup_turns``), at
+    ``run.state_warmup_length()`` tokens per turn; Spec-Bench's: 3 decodes, every turn, at the measured length."""
+    if settings.state_warmup_turns == "first":
+        prompt = dataclasses.replace(prompt, turns=prompt.turns[:1])
+    for _ in range(settings.state_warmup_runs):
+        try:
+            answer_question(model, decoder, drafter, prompt, settings.state_warmup_length())
+        except TurnTooLong as reason:  # the measured decode will skip it too; what was learned so far stays
+            log.warning("the state warm-up stopped early: %s", reason)
+            return
+
+
 def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, pending: list[Prompt],
-             run_path: Path, processes: Processes) -> None:
+             run_path: Path, processes: Processes, teach_state: bool = True) -> None:
     """Decode the first pending question untimed, so that lazy initialisation and caches do not land in the first
-    measured question; then calibrate the decoder (verify latency per token count) and record what was measured."""
+    measured question; then calibrate the decoder (verify latency per token count) and record what was measured.
+
+    A drafter that carries state across questions gets the state warm-up instead (``_warm_up_state``), unless
+    ``teach_state`` is false: a resumed run restores the state saved after the warm-up and the finished
+    questions, so it warms that drafter up for timing only."""
     prompt_ids = first_turn_ids(model, pending[0])
     budget = min(settings.warmup_max_new_tokens, model.max_context - len(prompt_ids))
+    state_warm_up = teach_state and drafter.state() is not None
     for _ in range(settings.warmup_runs):
-        for which in (drafter, baseline):
+        for which in (baseline,) if state_warm_up else (drafter, baseline):
             decoder.generate(prompt_ids, which, budget)
+    if state_warm_up:
+        _warm_up_state(settings, model, decoder, drafter, pending[0])
     latency_file = run_path / "verify_latency.json"
     saved = processes.share(saved_latencies(latency_file))
     latencies = calibrate(settings, model, decoder, prompt_ids, measured=saved)

@@ -13,10 +13,16 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from specbench import machine
 from specbench.errors import SpecbenchError
 from specbench.mismatch import DEFAULT_TOLERANCE
 
 CALIBRATION_SIZES = [*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128]
+# torch's generators take seeds up to 2**64 - 1 and raise on larger ones ("Overflow when unpacking long long").
+MAX_SEED = 2**64 - 1
+# Sampling divides float32 logits by the temperature: below about 1e-37 the quotient overflows to inf and the
+# softmax gives NaN. 1e-4 keeps even float16's largest logit (65504) far from that; 0 asks for greedy outright.
+MIN_TEMPERATURE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,9 @@ class RunSettings:
     alternate_order: bool = True
     warmup_runs: int = 1
     warmup_max_new_tokens: int = 32
+    state_warmup_runs: int = 3
+    state_warmup_turns: str = "all"
+    state_warmup_max_new_tokens: int | None = None
     max_draft_tokens: int = 80
     verify_padding: str = "off"
     verify_padding_max: int = 16
@@ -75,8 +84,12 @@ class RunSettings:
                     "draft_budget_max_depth", "draft_budget_max_rank"):
             _require_int(key, getattr(self, key), minimum=1)
         _require_int("mismatch_top_k", self.mismatch_top_k, minimum=2)
-        for key in ("warmup_runs", "warmup_max_new_tokens", "target_top_k", "seed"):
+        for key in ("warmup_runs", "warmup_max_new_tokens", "state_warmup_runs", "target_top_k"):
             _require_int(key, getattr(self, key), minimum=0)
+        _require_int("seed", self.seed, minimum=0, maximum=MAX_SEED)
+        _require_choice("state_warmup_turns", self.state_warmup_turns, ("all", "first"))
+        if self.state_warmup_max_new_tokens is not None:
+            _require_int("state_warmup_max_new_tokens", self.state_warmup_max_new_tokens, minimum=1, extra="or null")
         for key in ("baseline", "alternate_order"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecbenchError(f"run.{key} must be true or false, got {getattr(self, key)!r}")
@@ -97,11 +110,40 @@ class RunSettings:
         if self.near_tie_tolerance != "auto" and (not _is_number(self.near_tie_tolerance) or self.near_tie_tolerance < 0):
             raise SpecbenchError(f"run.near_tie_tolerance must be auto or a non-negative number of logits, "
                                  f"got {self.near_tie_tolerance!r}")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise SpecbenchError(f"run.temperature must be 0 (greedy) or positive, got {self.temperature!r}")
+        if not _is_number(self.temperature) or self.temperature < 0 or 0 < self.temperature < MIN_TEMPERATURE:
+            raise SpecbenchError(f"run.temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
+                                 f"got {self.temperature!r}")
         _require_range("top_p", self.top_p, 0, 1, "(0, 1]", lower_open=True)
         if self.threads is not None:
             _require_int("threads", self.threads, minimum=1, extra="or null")
+            self._check_threads()
+
+    def _check_threads(self) -> None:
+        """Refuse more threads than the cores this process may use: torch's threads wait for each other at every
+        operator, so the surplus ones slow every step, and the timing check would then blame other processes.
+        A refusal rather than a quiet cut, since run.json records the count and an explicit one is a choice."""
+        cores = machine.usable_cores()
+        most = machine.max_threads(cores)
+        if self.threads > most:
+            raise SpecbenchError(f"run.threads={self.threads} is more than the {cores:g} core(s) this process may use "
+                                 f"(CPU affinity and cgroup quota); choose 1 to {most}, or null for one per free core")
+
+    def check_context(self, max_context: int, where: str) -> None:
+        """Refuse token counts that the model's context (``max_context`` tokens, named by ``where``, e.g.
+        "model.max_context=8192") cannot hold next to a prompt of at least one token: such an answer, warm-up
+        or draft would be cut at the context rather than at the setting, so the setting would not mean what it
+        says."""
+        counts = {"max_new_tokens": self.max_new_tokens, "warmup_max_new_tokens": self.warmup_max_new_tokens,
+                  "state_warmup_max_new_tokens": self.state_warmup_max_new_tokens,
+                  "max_draft_tokens": self.max_draft_tokens}
+        for key, count in counts.items():
+            if count is not None and count >= max_context:
+                raise SpecbenchError(f"run.{key}={count} must be less than {where} (the context holds the prompt, "
+                                     f"at least 1 token, and what is generated): at most {max_context - 1}")
+
+    def state_warmup_length(self) -> int:
+        """Tokens per turn of a state warm-up decode: ``state_warmup_max_new_tokens``, or the measured length."""
+        return self.max_new_tokens if self.state_warmup_max_new_tokens is None else self.state_warmup_max_new_tokens
 
     def method_name(self, drafter_name: str) -> str:
         """The name a run's results are shown under: see ``method_name``."""
@@ -138,9 +180,13 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _require_int(key: str, value, minimum: int, extra: str = "") -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+def _require_int(key: str, value, minimum: int, extra: str = "", maximum: int | None = None) -> None:
+    if (not isinstance(value, int) or isinstance(value, bool) or value < minimum
+            or (maximum is not None and value > maximum)):
+        if maximum is not None:
+            kind = f"an integer in [{minimum}, {maximum}]"
+        else:
+            kind = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
         raise SpecbenchError(f"run.{key} must be {kind}{' ' + extra if extra else ''}, got {value!r}")
 
 

@@ -1,19 +1,34 @@
 """The target's greedy answers to a prompt set, generated once per model and cached: HD's model database and the
-distillation of pruned drafts both read them."""
+distillation of pruned drafts both read them.
+
+Layout in the cache (``<cache>/answers``)::
+
+    <model>-<key>/                    published whole by artefacts.replace_directory: answers.jsonl and the
+                                      manifest.json that records its size and SHA-256 (checked on every read)
+    <model>-<key>[.rank<r>].partial   the rows of a generation under way, one batch appended at a time; an
+                                      interrupted generation resumes from its whole, valid rows
+    <model>-<key>.jsonl               an answers file of an earlier specbench (no checksum): taken as the staging
+                                      of its generation, so its rows are kept and published with a checksum
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from tqdm import tqdm
 
-from specbench.artefacts import build_lock, cached_path, rank_tag, require_writable
+from specbench.artefacts import cached_path, load_or_rebuild, rank_tag, read_manifest, replace_directory, verify_files
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
+from specbench.errors import SpecbenchError, storage_refusal
 
 log = logging.getLogger(__name__)
+ANSWERS_FILE = "answers.jsonl"
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -57,65 +72,132 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
                    cache_dir: str | None = None) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) of the target's greedy answers to a prompt set: a list of prompts, or a prompt
     set spec (``read_prompts``; default: the built-in set, disjoint from the evaluation questions). Generated
-    once per model, prompt set and length, and cached: HD's model database and the distillation of pruned
-    drafts read the same answers. An interrupted generation resumes from the batches already answered."""
+    once per model, prompt set and length, and cached with a checksum: HD's model database and the distillation
+    of pruned drafts read the same answers, and damaged ones are generated again with a warning
+    (``artefacts.load_or_rebuild``). An interrupted generation resumes from the batches already answered."""
     if not isinstance(prompts, list):
         prompts = read_prompts(prompts if prompts else MODEL_DB_PROMPTS)
     # Keyed by the prompts' text itself (not a prompt file's path), so an edited prompt file gets new answers.
-    file = cached_path(cache_dir, "answers", target.name,
-                       {"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens}, ".jsonl")
-    if file.is_file():
-        pairs = _read_answers(file, len(prompts))
-        if pairs is not None:
-            return pairs
-        log.warning("the cached answers %s are damaged and are being generated again", file)
-    require_writable(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    # One job generates; another one waits and reads what it wrote (see artefacts.build_lock for torchrun's ranks).
-    with build_lock(file.with_name(file.name + ".lock")):
-        if file.is_file():
-            pairs = _read_answers(file, len(prompts))
-            if pairs is not None:
-                return pairs
-        return _generate_into(file, target, prompts, max_new_tokens, batch_size)
+    directory = cached_path(cache_dir, "answers", target.name,
+                            {"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens})
+    # One job generates while another waits and then reads what it published (see artefacts.build_lock for the
+    # ranks of a torchrun job, which generate together).
+    return load_or_rebuild(directory, f"answer set of {target.name}", lambda: _read_answers(directory, len(prompts)),
+                           lambda: _generate_into(directory, target, prompts, max_new_tokens, batch_size))
 
 
-def _generate_into(file: Path, target, prompts: list[str], max_new_tokens: int, batch_size: int):
-    """Generate the answers into ``file`` through a staging file that an interrupted build resumes from (the
-    build lock makes it this process's alone; under torchrun each rank has its own)."""
-    staging = file.with_suffix(f"{rank_tag()}.partial")
-    done = _complete_rows(staging)
-    with staging.open("a", encoding="utf-8") as handle:
-        def save(pairs):
-            handle.write("".join(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n" for p, a in pairs))
-            handle.flush()
+def _generate_into(directory: Path, target, prompts: list[str], max_new_tokens: int, batch_size: int) -> None:
+    """Generate the answers through a staging file that an interrupted build resumes from (the build lock makes
+    it this process's alone; under torchrun each rank has its own), then publish them whole with a checksum."""
+    staging = directory.with_name(f"{directory.name}{rank_tag()}.partial")
+    earlier = directory.with_name(f"{directory.name}.jsonl")
+    if earlier.is_file() and not staging.exists():
+        log.info("the answers in %s (written without a checksum) are taken over into %s", earlier, directory)
+        # Copied, not renamed: every rank of a torchrun job resumes from it, in step.
+        _append(staging, _whole_rows(earlier, len(prompts), cut=False))
+    pairs = _whole_rows(staging, len(prompts))
 
-        generate_answers(target, prompts, max_new_tokens, batch_size, on_batch=save, done=len(done))
-    rows = [json.loads(line) for line in staging.read_text().splitlines()]
-    staging.replace(file)  # atomic: a reader sees the old file or the whole new one
-    return [(row["prompt_ids"], row["answer_ids"]) for row in rows]
+    def save(batch):
+        _append(staging, batch)
+        pairs.extend(batch)
+
+    generate_answers(target, prompts, max_new_tokens, batch_size, on_batch=save, done=len(pairs))
+    lines = "".join(_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs)
+    replace_directory(directory, lambda version: (version / ANSWERS_FILE).write_text(lines, encoding="utf-8"),
+                      {"kind": "target answers", "model": {"name": target.name, "source": target.source},
+                       "answers": len(pairs), "max_new_tokens": max_new_tokens})
+    for leftover in (staging, earlier):
+        with contextlib.suppress(OSError):  # published: a file left here is never read again
+            leftover.unlink(missing_ok=True)
 
 
-def _read_answers(file: Path, expected: int) -> list[tuple[list[int], list[int]]] | None:
-    """The (prompt ids, answer ids) of a cached answers file, or None unless it holds ``expected`` whole rows
-    of non-negative token ids."""
+def _read_answers(directory: Path, expected: int) -> list[tuple[list[int], list[int]]]:
+    """The (prompt ids, answer ids) of published answers, checked whole (``artefacts.verify_files``: the size,
+    and the SHA-256 when its times changed, that manifest.json recorded) and holding ``expected`` rows of
+    non-negative token ids; otherwise a one-line SpecbenchError."""
+    fix = f"remove {directory} to have them generated again"
+    problem = verify_files(directory, read_manifest(directory, "target answers", fix))
+    if problem:
+        raise SpecbenchError(f"{directory}: damaged target answers ({problem}); {fix}")
     try:
-        rows = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        pairs = [(row["prompt_ids"], row["answer_ids"]) for row in rows]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        lines = (directory / ANSWERS_FILE).read_bytes().splitlines()
+    except OSError as error:
+        raise SpecbenchError(f"{directory}: damaged target answers ({ANSWERS_FILE}: {error.strerror}); {fix}") from None
+    pairs = [_pair(line) for line in lines]
+    if None in pairs or len(pairs) != expected:
+        raise SpecbenchError(f"{directory}: damaged target answers ({ANSWERS_FILE} does not hold {expected} "
+                             f"answers of token ids); {fix}")
+    return pairs
+
+
+def _line(prompt_ids, answer_ids) -> str:
+    return json.dumps({"prompt_ids": list(prompt_ids), "answer_ids": list(answer_ids)}) + "\n"
+
+
+def _pair(line: bytes) -> tuple[list[int], list[int]] | None:
+    """A row's (prompt ids, answer ids), or None unless it is a JSON object of two lists of non-negative ids."""
+    try:
+        row = json.loads(line)
+        pair = (row["prompt_ids"], row["answer_ids"])
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
         return None
     valid = all(isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
-                for pair in pairs for ids in pair)
-    return pairs if valid and len(pairs) == expected else None
+                for ids in pair)
+    return pair if valid else None
 
 
-def _complete_rows(staging: Path) -> list[str]:
-    """The whole lines of an interrupted generation's file, rewritten without a half-written last line."""
-    if not staging.is_file():
+def _whole_rows(file: Path, limit: int, cut: bool = True) -> list[tuple[list[int], list[int]]]:
+    """The rows of a staging file (or an earlier answers file) up to the first that is not whole and valid, at
+    most ``limit``. What follows them (the half line of an interrupted write, or damage) is not trusted: with
+    ``cut`` it is cut off, so that the next batch is appended right after the last whole row."""
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
         return []
-    text = staging.read_text(encoding="utf-8", errors="replace")
-    lines = text.splitlines(keepends=True)
-    complete = [line for line in lines if line.endswith("\n")]
-    if len(complete) != len(lines):
-        staging.write_text("".join(complete), encoding="utf-8")
-    return complete
+    except OSError as error:
+        _refuse(error, file, "read")
+    pairs, end = [], 0
+    for line in data.splitlines(keepends=True):
+        pair = _pair(line) if line.endswith(b"\n") and len(pairs) < limit else None
+        if pair is None:
+            break
+        pairs.append(pair)
+        end += len(line)
+    if cut and end < len(data):
+        try:
+            os.truncate(file, end)
+        except OSError as error:
+            _refuse(error, file)
+    return pairs
+
+
+def _append(staging: Path, pairs) -> None:
+    """Append the rows of one batch to ``staging``. A write the filesystem refuses part-way (a full disk) is cut
+    back to where the file ended, so the batch is kept whole or not at all, and is one line naming the file."""
+    data = "".join(_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs).encode("utf-8")
+    try:
+        handle = os.open(staging, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as error:
+        _refuse(error, staging)
+    try:
+        start = os.fstat(handle).st_size
+        try:
+            written = 0
+            while written < len(data):  # a short write: the rest goes through, or the refusal comes
+                written += os.write(handle, data[written:])
+        except OSError as error:
+            # If even the cut fails, the next build still trusts only the whole rows before it (_whole_rows).
+            with contextlib.suppress(OSError):
+                os.ftruncate(handle, start)
+            _refuse(error, staging)
+    finally:
+        os.close(handle)
+
+
+def _refuse(error: OSError, path: Path, what: str = "write") -> NoReturn:
+    """Raise the one-line refusal for a filesystem that will not let ``path`` be written (full, read-only, not
+    permitted), or ``error`` itself when it is something else (a bug keeps its traceback)."""
+    refusal = storage_refusal(error, path, what)
+    if refusal is None:
+        raise error
+    raise refusal from error

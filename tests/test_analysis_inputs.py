@@ -2,12 +2,17 @@
 given to --spec-bench that are not model_answer files, runs that are not repeats of one another, and runs timed
 on a busy machine. Every problem is one line naming the file, never a traceback, and never a silent average."""
 
+import errno
 import importlib.util
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from analysis.__main__ import main as analysis_main
@@ -69,7 +74,7 @@ def test_every_command_reads_answer_files_whose_last_line_was_cut_inside_a_chara
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_a_run_with_a_damaged_summary_run_json_or_answer_line_is_left_out_with_a_warning(tmp_path, capsys):
+def test_a_run_with_a_damaged_summary_or_run_json_is_left_out_and_a_damaged_line_with_a_warning(tmp_path, capsys):
     pld_run(tmp_path / "good")
     (pld_run(tmp_path / "empty-summary") / "summary.json").write_text("")
     cut = pld_run(tmp_path / "cut-settings") / "run.json"
@@ -80,12 +85,14 @@ def test_a_run_with_a_damaged_summary_run_json_or_answer_line_is_left_out_with_a
     analysis_main(["tables", str(tmp_path)])
     out, err = capsys.readouterr()
     assert "Traceback" not in err
-    assert next(line for line in out.splitlines() if line.startswith("| m | pld |")).endswith("| 1 |")  # "good" alone
+    # "good" and "damaged-middle", whose four whole answers count and whose damaged line does not
+    row = next(line for line in out.splitlines() if line.startswith("| m | pld |"))
+    assert row.endswith("| 8/8 (0 near-tie, 0 violation) | 2 |")
     warnings = [line for line in err.splitlines() if line.startswith("analysis: warning:")]
     assert len(warnings) == 3
     assert any(f"{tmp_path / 'empty-summary' / 'summary.json'} is empty or damaged" in line for line in warnings)
     assert any(f"{cut} is empty or damaged" in line for line in warnings)
-    assert any(f"{middle}, line 2" in line for line in warnings)
+    assert any(f"{middle}: line 2 is not valid JSON (1 line(s) left out, not counted)" in line for line in warnings)
 
 
 def test_a_run_without_a_readable_steps_parquet_is_a_warning_not_a_traceback(tmp_path, capsys):
@@ -137,7 +144,7 @@ def answer_line(question_id=81, **choice) -> str:
 
 @pytest.mark.parametrize("case, expected", [
     ("missing", "not found"),
-    ("csv", "line 1: not a valid JSON"),
+    ("csv", "line 1 is not valid JSON"),
     ("questions", "question.jsonl"),
     ("no accept_lengths", "has no choices[0].accept_lengths"),
     ("no new_tokens", "has no choices[0].new_tokens"),
@@ -158,8 +165,7 @@ def test_spec_bench_files_that_are_not_model_answers_are_one_line_errors(tmp_pat
     if case in contents:
         method.write_text(contents[case])
     with pytest.raises(SystemExit) as exit_info:
-        analysis_main(["tables", str(tmp_path / "no-runs"), "--spec-bench", str(method), str(baseline), "vicuna",
-                       "eagle"])
+        analysis_main(["tables", "--spec-bench", str(method), str(baseline), "vicuna", "eagle"])
     assert exit_info.value.code == 2
     line = error_line(capsys)
     assert str(method) in line and expected in line, line
@@ -351,3 +357,179 @@ def test_a_table_without_flagged_runs_keeps_its_columns(tmp_path):
     pld_run(tmp_path / "quiet", header=QUIET)
     markdown = render(leaderboard(load_questions([tmp_path])), "md")
     assert "timing" not in markdown.splitlines()[0] and "UNTRUSTED" not in markdown
+
+
+# 6. result lines: analysis counts what resuming counts
+
+
+def table_row(out: str, label: str = "pld") -> str:
+    return next(line for line in out.splitlines() if line.startswith(f"| m | {label} |"))
+
+
+def test_a_repeated_or_malformed_answer_line_is_not_counted_by_analysis(tmp_path, capsys):
+    run = pld_run(tmp_path / "run")
+    answers = run / "answers.jsonl"
+    lines = answers.read_text().splitlines()
+    answers.write_text("\n".join([lines[0], "{}", *lines[1:], lines[0], "[1]", "7"]) + "\n")
+    analysis_main(["tables", str(run)])
+    out, err = capsys.readouterr()
+    assert table_row(out).endswith("| 4/4 (0 near-tie, 0 violation) | 1 |")  # before: 5/5
+    [warning] = [line for line in err.splitlines() if str(answers) in line]
+    assert ("line 2 has no question_id; line 6 repeats question 100 of line 1 (the first is kept); line 7 is a JSON "
+            "array, not an object; line 8 is a JSON number, not an object (4 line(s) left out, not counted)") in warning
+
+
+def test_an_answer_of_a_question_without_its_baseline_or_steps_is_named_and_left_out(tmp_path, capsys):
+    run = pld_run(tmp_path / "run")
+    first = json.loads((run / "answers.jsonl").read_text().splitlines()[0])
+    with (run / "answers.jsonl").open("a") as handle:
+        handle.write(json.dumps({**first, "question_id": 999}) + "\n")
+    analysis_main(["tables", str(run)])
+    out, err = capsys.readouterr()
+    assert "| 2.00x | 1.95 |" in table_row(out)  # the overall speedup: before, "-" without a word
+    assert (f"{run / 'answers.jsonl'}: line 5 is of question 999, which is not finished (no baseline answer, no "
+            "steps)") in err
+
+
+def test_mixed_and_huge_question_ids_are_paired_by_analysis(tmp_path):
+    run = pld_run(tmp_path / "run")
+    ids = [1, "q2", 2**70, "1"]
+    for name in ("answers.jsonl", "baseline_answers.jsonl"):
+        records = [json.loads(line) for line in (run / name).read_text().splitlines()]
+        (run / name).write_text("".join(json.dumps({**record, "question_id": question}) + "\n"
+                                        for record, question in zip(records, ids)))
+    from specbench.records import read_steps_file, write_steps_file
+    steps = read_steps_file(run / "steps.parquet")
+    steps["question_id"] = pd.Series(steps.question_id.map(dict(zip([100, 101, 102, 103], ids))), dtype=object)
+    write_steps_file(steps, run / "steps.parquet")
+    questions = load_questions([run])
+    assert len(questions) == 4 and questions.baseline_tokens.notna().all()
+    assert set(load_steps([run]).question_id.map(json.dumps)) == set(map(json.dumps, ids))
+
+
+# 7. one run reached by two paths, or copied, is one run
+
+
+@pytest.mark.parametrize("second", ["link", "slash", "dot", "folder", "copy"])
+def test_one_run_reached_twice_counts_once_with_one_warning(tmp_path, capsys, monkeypatch, second):
+    monkeypatch.chdir(tmp_path)
+    pld_run(tmp_path / "runs" / "DIR")
+    if second == "link":
+        (tmp_path / "LINK").symlink_to(tmp_path / "runs" / "DIR", target_is_directory=True)
+    elif second == "copy":
+        shutil.copytree(tmp_path / "runs" / "DIR", tmp_path / "COPY")
+    given = {"link": "LINK", "slash": "runs/DIR/", "dot": "./runs/DIR", "folder": "runs", "copy": "COPY"}[second]
+    analysis_main(["tables", "runs/DIR", given])
+    out, err = capsys.readouterr()
+    assert table_row(out).endswith("| 4/4 (0 near-tie, 0 violation) | 1 |") and "±" not in table_row(out)
+    warnings = [line for line in err.splitlines() if line.startswith("analysis: warning:")]
+    assert len(warnings) == 1 and ("counted once" in warnings[0]), err
+
+
+# 8. every path given to analysis: one line when it cannot be used
+
+
+def run_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        analysis_main(argv)
+    assert exit_info.value.code == 2
+    return error_line(capsys)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["tables", "{t}/nowhere"], "{t}/nowhere: no such run directory or folder"),
+    (["tables", "{t}/runs/run/summary.json"], "{t}/runs/run/summary.json is a file, not a run directory"),
+    (["throughput", "{t}/runs", "{t}/nowhere"], "{t}/nowhere: no such run directory"),
+    (["tables", "{t}/runs", "--out", "{t}"], "--out {t} is a folder; give the name of a file"),
+    (["report", "{t}/runs", "--out", "{t}/runs"], "--out {t}/runs is a folder"),
+    (["figures", "{t}/runs", "--out", "{t}/runs/run/summary.json"], "--out {t}/runs/run/summary.json is an existing file"),
+    (["report", "{t}/runs", "--out", "{t}/runs/run/summary.json/r.html"], "{t}/runs/run/summary.json is a file, not a folder"),
+    (["figures", "{t}/runs", "--out", "{t}/runs/run/run.json/figs"], "{t}/runs/run/run.json is a file, not a folder"),
+    (["tables", "{t}/runs", "--spec-bench", "{t}/runs", "{t}/b.jsonl", "m", "x"], "file {t}/runs is not a file"),
+])
+def test_a_path_that_cannot_be_used_is_one_line(tmp_path, capsys, argv, expected):
+    pld_run(tmp_path / "runs" / "run")
+    line = run_error(capsys, [arg.format(t=tmp_path) for arg in argv])
+    assert expected.format(t=tmp_path) in line, line
+
+
+def refuse_in(folder: Path, monkeypatch, refusal=errno.EROFS):
+    """tempfile.mkstemp in ``folder`` refused, as a read-only mount refuses it to every user, root included."""
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == folder.resolve():
+            raise OSError(refusal, os.strerror(refusal), str(folder))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
+@pytest.mark.parametrize("command, out", [("tables", "t.md"), ("report", "sub/r.html"), ("figures", "figs")])
+def test_an_out_in_a_read_only_folder_is_one_line_before_anything_is_read(tmp_path, capsys, monkeypatch, command,
+                                                                           out):
+    pld_run(tmp_path / "runs" / "run")
+    refuse_in(tmp_path / "ro", monkeypatch)
+    (tmp_path / "ro").mkdir()
+    line = run_error(capsys, [command, str(tmp_path / "runs"), "--out", str(tmp_path / "ro" / out)])
+    assert f"--out {tmp_path / 'ro' / out}: cannot write in {tmp_path / 'ro'} (Read-only file system)" in line
+    assert "choose a writable --out" in line and not (tmp_path / "ro" / out).exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes regardless of permissions")
+def test_unreadable_runs_and_unwritable_out_by_permissions(tmp_path, capsys):
+    pld_run(tmp_path / "runs" / "run")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    try:
+        assert f"{locked}: cannot be read (Permission denied)" in run_error(capsys, ["tables", str(locked)])
+        line = run_error(capsys, ["tables", str(tmp_path / "runs"), "--out", str(locked / "t.md")])
+        assert "Permission denied" in line
+    finally:
+        locked.chmod(0o755)
+
+
+def test_an_unreadable_run_folder_is_one_line(tmp_path, capsys, monkeypatch):
+    pld_run(tmp_path / "runs" / "run")
+    real = os.scandir
+
+    def scandir(path="."):
+        if Path(path).resolve() == (tmp_path / "runs").resolve():
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    line = run_error(capsys, ["tables", str(tmp_path / "runs")])
+    assert f"{tmp_path / 'runs'}: cannot be read (Permission denied)" in line
+
+
+def test_a_disk_that_fills_while_the_report_is_written_is_one_line(tmp_path, capsys, monkeypatch):
+    pld_run(tmp_path / "runs" / "run")
+    real = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name == "report.html":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    line = run_error(capsys, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report.html")])
+    assert f"cannot write {tmp_path / 'report.html'} (No space left on device)" in line
+
+
+# 9. a run of a schema this analysis does not read is left out, not a stop
+
+
+def test_a_schema_1_run_beside_newer_ones_is_left_out_with_one_warning(tmp_path, capsys):
+    pld_run(tmp_path / "new")
+    old = pld_run(tmp_path / "old", seed=1)
+    summary = json.loads((old / "summary.json").read_text())
+    (old / "summary.json").write_text(json.dumps({**summary, "schema_version": 1}))
+    analysis_main(["tables", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert table_row(out).endswith("| 1 |")
+    [warning] = [line for line in err.splitlines() if line.startswith("analysis: warning:")]
+    assert f"{old / 'summary.json'} has schema_version 1" in warning and f"run {old} left out" in warning
+    (tmp_path / "new" / "summary.json").write_text(json.dumps({**summary, "schema_version": 1}))
+    line = run_error(capsys, ["tables", str(tmp_path)])  # nothing usable left: one line naming why
+    assert "no usable runs with answers" in line and "schema_version 1" in line

@@ -136,7 +136,7 @@ def test_malformed_question_line(tmp_path):
     ("run.max_new_tokens=0", "run.max_new_tokens must be a positive integer, got 0"),
     ("drafter.num_draft_tokens=0", "drafter.num_draft_tokens must be a positive integer"),
     ("run.device=tpu", "run.device='tpu' is not a device"),
-    ("run.temperature=-0.5", "run.temperature must be 0 (greedy) or positive, got -0.5"),
+    ("run.temperature=-0.5", "run.temperature must be 0 (greedy) or at least 0.0001, got -0.5"),
     ("run.top_p=0", "run.top_p must be in (0, 1], got 0"),
     ("run.top_p=1.5", "run.top_p must be in (0, 1], got 1.5"),
 ])
@@ -146,11 +146,58 @@ def test_bad_settings(tmp_path, override, message):
 
 def test_prompts_longer_than_the_context_are_skipped_and_named(tmp_path):
     """They used to stop the whole run at that question, on every resume."""
-    result = specbench(*TINY, "model.max_context=64", "task=summarization", "task.limit_per_task=2",
+    result = specbench(*TINY, "model.max_context=128", "task=summarization", "task.limit_per_task=2",
                        f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
-    assert "skipped 2 question(s)" in result.stdout and "more than tiny-random's context of 64" in result.stdout
+    assert "skipped 2 question(s)" in result.stdout and "more than tiny-random's context of 128" in result.stdout
+    assert "a prompt may have at most 127 tokens" in result.stdout
     assert len(read_jsonl(tmp_path / "skipped.jsonl")) == 2
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.num_heads=3", "model.num_heads=3 must divide model.hidden_size=64"),
+    # the others are one case each of checks tests/test_typed_values.py pins without a process of their own
+    pytest.param("model.hidden_size=0", "model.hidden_size must be a positive integer, got 0", marks=pytest.mark.slow),
+    pytest.param("run.threads=1000", "run.threads=1000 is more than the", marks=pytest.mark.slow),
+    pytest.param("run.max_new_tokens=100000", "run.max_new_tokens=100000 must be less than model.max_context=8192",
+                 marks=pytest.mark.slow),
+])
+def test_values_the_code_cannot_take_are_refused_before_loading(tmp_path, override, message):
+    """They used to fail inside instantiate or mid-run in the attention, with a traceback (or, for threads, to
+    run and blame other processes for the slowdown)."""
+    line = one_line_error(specbench(*TINY, override, f"hydra.run.dir={tmp_path / 'run'}"))
+    assert message in line
+
+
+# What conf/config.yaml is to enable by default (hydra.callbacks); passed here so the test holds either way.
+NEW_DIRECTORIES = "++hydra.callbacks.new_run_directories._target_=specbench.config.NewRunDirectories"
+
+
+def test_a_refused_run_leaves_no_new_directory(tmp_path):
+    """Hydra creates the run directory and its parents before the settings are checked; a refused run used to
+    leave them behind, empty."""
+    run_dir = tmp_path / "new" / "deeper" / "run"
+    one_line_error(specbench(NEW_DIRECTORIES, *TINY, "run.max_new_tokens=-1", f"hydra.run.dir={run_dir}"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_run_keeps_a_directory_that_was_there(tmp_path):
+    (tmp_path / "empty").mkdir()
+    one_line_error(specbench(NEW_DIRECTORIES, *TINY, "model.num_heads=3", f"hydra.run.dir={tmp_path / 'empty'}"))
+    one_line_error(specbench(NEW_DIRECTORIES, *TINY, "model.num_heads=3", f"hydra.run.dir={tmp_path / 'empty' / 'a'}"))
+    assert [path.name for path in tmp_path.iterdir()] == ["empty"] and list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_refused_sweep_cell_leaves_no_new_directory(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = specbench("-m", NEW_DIRECTORIES, *TINY, "run.max_new_tokens=-1,-2", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 2, result.stderr
+    assert [path.name for path in sweep.iterdir()] == ["multirun.yaml"]  # Hydra's own record of the sweep
+
+
+def test_the_default_configuration_removes_a_refused_runs_new_directory(tmp_path):
+    one_line_error(specbench(*TINY, "run.max_new_tokens=-1", f"hydra.run.dir={tmp_path / 'new'}"))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_hub_model_unavailable_offline(tmp_path):

@@ -92,3 +92,48 @@ def test_unknown_run_keys_are_named():
 
     with pytest.raises(SpecbenchError, match="unknown setting.*run.max_new_token;"):
         RunSettings.from_config({"max_new_token": 5})
+
+
+def test_missing_directories_are_the_ones_mkdir_would_create(tmp_path):
+    from specbench.config import missing_directories
+
+    assert missing_directories(tmp_path / "a" / "b") == [tmp_path / "a" / "b", tmp_path / "a"]
+    assert missing_directories(tmp_path) == []
+
+
+def test_the_new_directories_callback_removes_only_new_empty_ones(tmp_path, monkeypatch):
+    """A run noted before Hydra's mkdir; at the process's end its new directories go while empty, deepest first,
+    and one that existed before or holds a file stays."""
+    from specbench.config import NewRunDirectories
+
+    registered = []
+    monkeypatch.setattr("specbench.config.atexit.register", registered.append)
+    (tmp_path / "old").mkdir()
+    callback = NewRunDirectories()
+    callback.on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "old" / "new" / "run")}}}))
+    (tmp_path / "old" / "new" / "run").mkdir(parents=True)
+    assert registered == [callback.remove_empty]
+    callback.remove_empty()
+    assert [path.name for path in tmp_path.iterdir()] == ["old"] and list((tmp_path / "old").iterdir()) == []
+
+    kept = NewRunDirectories()
+    kept.on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "wrote" / "run")}}}))
+    (tmp_path / "wrote" / "run").mkdir(parents=True)
+    (tmp_path / "wrote" / "run" / "run.json").write_text("{}")
+    kept.remove_empty()
+    assert (tmp_path / "wrote" / "run" / "run.json").is_file()
+
+
+def test_a_sweep_cell_that_was_there_is_not_noted(tmp_path, monkeypatch):
+    from specbench.config import NewRunDirectories
+
+    monkeypatch.setattr("specbench.config.atexit.register", lambda function: None)
+    sweep = tmp_path / "sweep"
+    (sweep / "old_cell").mkdir(parents=True)
+    callback = NewRunDirectories()
+    callback.on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    for cell in ("old_cell", "new_cell"):
+        (sweep / cell).mkdir(exist_ok=True)
+        callback.on_job_start(OmegaConf.create({"hydra": {"runtime": {"output_dir": str(sweep / cell)}}}))
+    callback.remove_empty()
+    assert sorted(path.name for path in sweep.iterdir()) == ["old_cell"]

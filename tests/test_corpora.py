@@ -140,17 +140,32 @@ OASST_ROWS = [
 ]
 
 
-def test_oasst1_prompts_are_its_english_user_messages(tmp_path, monkeypatch):
+def test_oasst1_prompts_are_its_english_messages_of_every_role_as_hds_script_walks_them(tmp_path, monkeypatch):
+    # construct_model_DB.py:60-62 filters on lang == "en" alone: the assistant reply is answered too.
     asked = []
-    monkeypatch.setattr(prompts, "load_hub_rows", lambda name, split: asked.append((name, split)) or OASST_ROWS)
-    assert model_db_prompts("hf:OpenAssistant/oasst1") == ["How do magnets work?", "Can you give an example?"]
+    monkeypatch.setattr(prompts, "load_hub_rows", lambda name, split: asked.append((name, split)) or iter(OASST_ROWS))
+    assert model_db_prompts("hf:OpenAssistant/oasst1") == ["How do magnets work?", "Magnets have domains...",
+                                                           "Can you give an example?"]
     assert model_db_prompts("hf:OpenAssistant/oasst1:validation", limit=1) == ["How do magnets work?"]
     assert asked == [("OpenAssistant/oasst1", "train"), ("OpenAssistant/oasst1", "validation")]
 
 
+def test_source_rows_reproduces_the_released_scripts_early_stop_which_counts_rows_not_prompts(monkeypatch):
+    # `if i == 10: break` stops after row 10 whatever its language: with source_rows=3 the German row 2 uses up a
+    # row, so only the first two English messages are answered.
+    monkeypatch.setattr(prompts, "load_hub_rows", lambda name, split: iter(OASST_ROWS))
+    assert model_db_prompts("hf:OpenAssistant/oasst1", source_rows=3) == ["How do magnets work?",
+                                                                          "Magnets have domains..."]
+    assert len(model_db_prompts("hf:OpenAssistant/oasst1", source_rows=11)) == 3
+    with pytest.raises(SpecbenchError, match="source_rows=0"):
+        model_db_prompts("hf:OpenAssistant/oasst1", source_rows=0)
+    with pytest.raises(SpecbenchError, match="applies to hub prompt sources"):
+        model_db_prompts(None, source_rows=11)
+
+
 def test_other_hub_prompts_come_from_a_prompt_or_text_field(tmp_path, monkeypatch):
     rows = [{"prompt": "first"}, {"text": "second"}, {"prompt": ""}]
-    monkeypatch.setattr(prompts, "load_hub_rows", lambda name, split: rows)
+    monkeypatch.setattr(prompts, "load_hub_rows", lambda name, split: iter(rows))
     assert model_db_prompts("hf:someone/prompts") == ["first", "second"]
     rows.append({"question": "?"})
     with pytest.raises(SpecbenchError, match=r"someone/prompts:train, row 4: no 'prompt' or 'text' field \(it has q"):

@@ -127,7 +127,7 @@ def test_target_answers_follow_the_prompt_file_content_and_heal(tiny, cache, tmp
     second = target_answers(tiny, str(prompts), max_new_tokens=4, batch_size=2)
     assert second[0][0] == tiny.encode_conversation(["Count to five."], [])
 
-    for file in (cache / "answers").glob("*.jsonl"):
+    for file in (cache / "answers").glob("*/answers.jsonl"):
         file.write_text("garbage\n")
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -234,20 +234,27 @@ def test_a_damaged_auto_model_db_is_rebuilt_with_one_warning(tiny, cache, tmp_pa
 # ---- databases given by path ------------------------------------------------------------------------
 
 
+def _cut_in_half(file: Path) -> None:
+    text = file.read_text()
+    file.write_text(text[: len(text) // 2])
+
+
 EXPLICIT_DAMAGE = {
     "truncated tokens.npy": lambda directory: _truncate(directory / "tokens.npy"),
-    "garbage manifest.json": lambda directory: (directory / "manifest.json").write_text("{"),
+    "manifest.json cut short": lambda directory: _cut_in_half(directory / "manifest.json"),
 }
 
 
 @pytest.mark.parametrize("damage", EXPLICIT_DAMAGE.values(), ids=EXPLICIT_DAMAGE.keys())
 def test_a_damaged_datastore_given_by_path_names_it_and_a_command_that_rebuilds_it(
         tiny, cache, corpus_file, tmp_path, monkeypatch, damage):
+    """The command rebuilds it from the corpus it was built from (its manifest says, even cut short), not from
+    the drafter's corpus setting, which is what ``auto`` would build from (python-docs by default)."""
     directory = tmp_path / "my datastore"  # a space: the suggested command must quote it
     build_datastore(tiny, str(corpus_file), directory, cache)
     damage(directory)
     with pytest.raises(SpecbenchError) as caught:
-        statistics_datastore(tiny, str(directory), str(corpus_file))
+        statistics_datastore(tiny, str(directory))  # the drafter's default corpus
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"{directory}: damaged datastore")
     command = shlex.split(re.search(r"`([^`]+)`", message).group(1))
@@ -258,10 +265,40 @@ def test_a_damaged_datastore_given_by_path_names_it_and_a_command_that_rebuilds_
     assert rebuilt.tokens.tolist() == encode(tiny, TEXT) + [SEPARATOR]
 
 
+def test_a_datastore_whose_manifest_is_garbage_names_no_corpus_it_was_not_built_from(tiny, cache, corpus_file,
+                                                                                     tmp_path):
+    directory = tmp_path / "ds"
+    build_datastore(tiny, str(corpus_file), directory, cache)
+    (directory / "manifest.json").write_text("\x00\x01")
+    with pytest.raises(SpecbenchError) as caught:
+        statistics_datastore(tiny, str(directory), "python-docs")
+    command = shlex.split(re.search(r"`([^`]+)`", str(caught.value)).group(1))
+    assert command[command.index("--corpus") + 1] == "WHAT_IT_WAS_BUILT_FROM"
+
+
+def test_a_damaged_model_db_given_by_path_names_the_prompts_it_was_built_from(tiny, cache, tmp_path):
+    from specbench.datastores.build import build_model_db
+
+    built_from, configured = tmp_path / "built from.txt", tmp_path / "configured.txt"
+    built_from.write_text("Name three colours.\nCount to five.\n")
+    configured.write_text("Say hello.\n")
+    build_model_db(tiny, tmp_path / "db", {**BUILD, "prompts": str(built_from)}, 1, 2)
+    for damage in (lambda: _truncate(tmp_path / "db" / "ngrams.npz"),
+                   lambda: _cut_in_half(tmp_path / "db" / "manifest.json")):
+        damage()
+        with pytest.raises(SpecbenchError) as caught:
+            model_db(tiny, str(tmp_path / "db"), 1, 2, 7, {**BUILD, "prompts": str(configured)})
+        command = shlex.split(re.search(r"`([^`]+)`", str(caught.value)).group(1))
+        assert command[command.index("--prompts") + 1] == str(built_from), command
+
+
 def test_damaged_model_db_and_automaton_given_by_path_are_one_line_with_a_fix(tiny, cache, corpus_file, tmp_path):
+    from specbench.datastores.prompts import MODEL_DB_PROMPTS
+
     tables = {1: (np.array([[1, 2, 3]], np.int32), np.array([2], np.int64))}
     save_model_db(tmp_path / "db", tables, {"tokenizer": {"fingerprint": tiny.tokenizer_fingerprint},
-                                            "key_tokens": 1, "continuation_length": 2})
+                                            "key_tokens": 1, "continuation_length": 2,
+                                            "prompts": str(MODEL_DB_PROMPTS)})
     _truncate(tmp_path / "db" / "ngrams.npz")
     with pytest.raises(SpecbenchError) as caught:
         model_db(tiny, str(tmp_path / "db"), 1, 2, 7, BUILD)

@@ -146,6 +146,27 @@ def test_an_empty_model_path_is_refused(monkeypatch):
     assert "lmsys/vicuna-7b-v1.3" in one_line(error)
 
 
+def test_a_model_path_without_a_checkpoint_says_so_and_what_one_holds(tmp_path):
+    """An empty directory was "install sentencepiece or tiktoken" (the tokenizer's loader speaking)."""
+    from specbench.models import load_pretrained
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SpecbenchError) as error:
+        load_pretrained("vicuna-7b", hub_id="lmsys/vicuna-7b-v1.3", path=str(empty), device="cpu")
+    message = one_line(error)
+    assert message.startswith(f"model.path={empty} holds no model (it is empty); a checkpoint directory holds "
+                              "config.json, the weights (*.safetensors or pytorch_model*.bin) and the tokenizer's files")
+    assert "sentencepiece" not in message
+
+    save_tiny_checkpoint(tmp_path / "ckpt")
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "ckpt" / name).unlink()
+    with pytest.raises(SpecbenchError) as error:
+        load_pretrained("tiny-ckpt", path=str(tmp_path / "ckpt"), device="cpu", prompt_format="plain")
+    assert one_line(error).startswith(f"model.path={tmp_path / 'ckpt'} holds no model (no config.json, no weights); ")
+
+
 def test_a_truncated_safetensors_file_is_named(tmp_path):
     from specbench.models import load_pretrained
 

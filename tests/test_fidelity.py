@@ -41,7 +41,7 @@ def test_a_config_named_after_a_published_method_carries_its_settings(name):
         assert node[key] == value, f"drafter={name}: {key}={node[key]!r}, the original ran {value!r}"
 
 
-def test_hd_model_database_is_built_the_papers_way_by_default():
+def test_hd_model_database_is_built_with_hds_length_count_and_final_ngram_rule():
     build = compose(["drafter=hd"]).drafter.model_db_build
     assert (build.max_new_tokens, build.max_ngrams, build.include_final_ngram) == (1024, 100000, False)
 

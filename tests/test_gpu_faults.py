@@ -4,9 +4,7 @@ launchers give cells their GPUs and requeue them; ad-hoc sweeps resume."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 

@@ -71,7 +71,7 @@ def outcome_for(drafter, draft, step, accepted_nodes, top):
 
 
 def test_the_prefill_teaches_the_last_prompt_token_and_every_pass_teaches_all_its_nodes():
-    drafter = make()
+    drafter = make(first_draft_from_prompt=False)
     prompt = np.array([1, 2, 3])
     drafter.begin(prompt)
     first_row = np.arange(8)[None, :] + 10
@@ -133,7 +133,7 @@ def test_bad_settings_name_the_key():
 def test_the_loop_hands_the_drafter_the_targets_top_k_of_every_prompt_position(tiny, prompt_ids):
     ids = prompt_ids[0]
     for learn_from_prompt, rows in ((False, 1), (True, len(ids))):
-        drafter = TokenRecycling(learn_from_prompt=learn_from_prompt)
+        drafter = TokenRecycling(learn_from_prompt=learn_from_prompt, first_draft_from_prompt=False)
         drafter.prepare(tiny)
         seen = []
         original = drafter.learn

@@ -349,17 +349,20 @@ def test_a_killed_conversion_leaves_no_copy_that_looks_complete(tmp_path):
 
 @pytest.mark.slow
 def test_the_embedded_model_heals_a_damaged_cached_copy(tmp_path, caplog):
-    """End to end on SmolLM2: overwrite 1 MB inside the cached model.safetensors; the next load says the copy is
-    damaged, converts it again and decodes as before."""
+    """End to end on SmolLM2: overwrite 1 MB inside the cached model.safetensors and set its modification time
+    back (which once went unnoticed: empty answers reported as identical and fast); the next load says the copy
+    is damaged, converts it again and decodes as before."""
     from hydra.utils import instantiate
 
     node = compose(["model=smollm2-135m", f"model.cache_dir={tmp_path}"]).model
     first = instantiate(node, device="cpu")
     fingerprint = first.weights_fingerprint
     (weights,) = list(tmp_path.glob("models/*/model.safetensors"))
+    before = weights.stat()
     with open(weights, "r+b") as handle:
         handle.seek(weights.stat().st_size // 2)
         handle.write(os.urandom(1 << 20))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
     with caplog.at_level("WARNING"):
         second = instantiate(node, device="cpu")
     assert "is damaged (model.safetensors is not the file that was written" in caplog.text

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shlex
 import time
 from pathlib import Path
@@ -79,13 +80,31 @@ def corpus_cache_key(corpus: str, cache: Path) -> str:
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
 
 
-def _recorded_corpus(directory: Path) -> str | None:
-    """The corpus spec a datastore's manifest names, if its manifest can be read."""
+# What a rebuild command names when a damaged manifest no longer says what the database was built from: a guess
+# (the drafter's configured corpus, meant for ``auto``) would rebuild it from something else.
+UNKNOWN_SOURCE = "WHAT_IT_WAS_BUILT_FROM"
+
+
+def recorded_source(directory: str | Path, *keys: str) -> str | None:
+    """The string a database's manifest.json holds under ``keys`` (``"corpus", "spec"``: a datastore's corpus),
+    for the command that rebuilds it. A manifest cut short or garbled is searched for the last key's entry
+    (``"spec": "..."``), since a damaged database is exactly the one whose rebuild command is shown; None when
+    the manifest does not say."""
     try:
-        spec = json.loads((Path(directory) / "manifest.json").read_text())["corpus"]["spec"]
-    except (OSError, ValueError, KeyError, TypeError):
+        text = (Path(directory) / "manifest.json").read_text(encoding="utf-8", errors="replace")
+    except OSError:
         return None
-    return spec if isinstance(spec, str) else None
+    try:
+        value = json.loads(text)
+        for key in keys:
+            value = value[key]
+    except (ValueError, KeyError, TypeError):
+        entry = re.search(rf'"{re.escape(keys[-1])}":\s*("(?:[^"\\]|\\.)*")', text)
+        try:
+            value = json.loads(entry.group(1)) if entry else None
+        except ValueError:
+            value = None
+    return value if isinstance(value, str) else None
 
 
 def statistics_datastore(target, path: str, corpus: str = DEFAULT_CORPUS, cache_dir: str | None = None) -> TokenDatastore:
@@ -93,8 +112,8 @@ def statistics_datastore(target, path: str, corpus: str = DEFAULT_CORPUS, cache_
     ``corpus``, built first if missing, and rebuilt (with a warning) if damaged."""
     fingerprint, vocab = target.tokenizer_fingerprint, vocab_size(target)
     if path != "auto":
-        spec = _recorded_corpus(Path(path)) or corpus
-        command = f"python scripts/build_datastore.py --model {target.name} --corpus {shlex.quote(spec)}"
+        spec = recorded_source(path, "corpus", "spec")  # not ``corpus``: that is what auto would build from
+        command = f"python scripts/build_datastore.py --model {target.name} --corpus {shlex.quote(spec or UNKNOWN_SOURCE)}"
         return TokenDatastore.load(path, fingerprint, vocab, command)
     cache = cache_root(cache_dir)
     directory = cache / "datastores" / f"{fingerprint}-{corpus_cache_key(corpus, cache)}"
@@ -122,7 +141,7 @@ def model_db_prompt_set(build: dict) -> tuple[list[str], dict]:
     """The prompts a model database is built from, per ``build`` (prompts, exclude_questions, max_prompts):
     the prompt set without the prompts that share a word 8-gram with any evaluation question (the question
     file in use, or the built-in sample), then the first max_prompts; and what was done, for the manifest."""
-    prompts = model_db_prompts(build.get("prompts"))
+    prompts = model_db_prompts(build.get("prompts"), source_rows=build.get("source_rows"))
     questions = [turn for prompt in read_questions(build.get("exclude_questions")) for turn in prompt.turns]
     kept, dropped = drop_overlapping(prompts, questions)
     if dropped:
@@ -133,7 +152,8 @@ def model_db_prompt_set(build: dict) -> tuple[list[str], dict]:
                              "questions; give drafter.model_db_build.prompts another prompt set")
     limit = build.get("max_prompts")
     kept = kept[:limit] if limit else kept
-    return kept, {"prompts": str(build.get("prompts") or MODEL_DB_PROMPTS), "prompts_available": len(prompts),
+    return kept, {"prompts": str(build.get("prompts") or MODEL_DB_PROMPTS), "source_rows": build.get("source_rows"),
+                  "prompts_available": len(prompts),
                   "prompts_overlapping_questions": dropped, "exclude_questions": build.get("exclude_questions"),
                   "prompts_used": len(kept)}
 
@@ -170,7 +190,9 @@ def model_db(target, path: str, key_tokens: int, continuation_length: int, capac
                              least_frequent_first, vocab_size=vocab_size(target), command=command)
 
     if path != "auto":
-        prompts = f" --prompts {shlex.quote(str(build['prompts']))}" if build.get("prompts") else ""
+        # The prompt set it was built from (its manifest's), not the drafter's model_db_build.prompts.
+        recorded = recorded_source(path, "prompts")
+        prompts = "" if recorded == str(MODEL_DB_PROMPTS) else f" --prompts {shlex.quote(recorded or UNKNOWN_SOURCE)}"
         return load(path, f"python scripts/build_model_db.py --model {target.name}{prompts}")
     settings = {"source": target.source, "key": key_tokens, "continuation": continuation_length, **build,
                 "prompts": source_identity(build.get("prompts"), MODEL_DB_PROMPTS),

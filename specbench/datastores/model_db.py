@@ -21,6 +21,7 @@ import numpy as np
 
 from specbench.artefacts import read_manifest, replace_directory, verify_files
 from specbench.datastores.ngram_pool import RankedNGrams
+from specbench.datastores.prompts import MODEL_DB_PROMPTS
 from specbench.datastores.suffix_array import out_of_vocabulary
 from specbench.errors import SpecbenchError
 
@@ -124,4 +125,25 @@ def load_model_db(directory: str | Path, tokenizer_fingerprint: str, key_tokens:
         RankedNGrams.from_counts(ngrams, counts, key_length, capacity, table)
     if least_frequent_first:
         table = {key: entries[::-1] for key, entries in table.items()}
-    return RankedNGrams(table, key_tokens)
+    return RankedNGrams(table, key_tokens, source=describe_source(manifest))
+
+
+# The manifest's account of where a model database's prompts came from (model_db_prompt_set writes it).
+SOURCE_KEYS = ("prompts", "source_rows", "prompts_available", "prompts_overlapping_questions", "prompts_used",
+               "answers", "answer_tokens", "max_new_tokens")
+
+
+def describe_source(manifest: dict) -> dict:
+    """Which prompts a model database was built from, in plain words (``prompt_set``) and figures, for the run's
+    record: the built-in set is specbench's, not HD's."""
+    source = {key: manifest[key] for key in SOURCE_KEYS if key in manifest}
+    prompts = str(manifest.get("prompts", "?"))
+    if prompts == str(MODEL_DB_PROMPTS):
+        source["prompt_set"] = "specbench's built-in prompts (specbench/data/model_db_prompts.jsonl), not HD's OASST1"
+    elif prompts.startswith("hf:OpenAssistant/oasst1"):
+        rows = manifest.get("source_rows")
+        source["prompt_set"] = ("OASST1's English messages, every role (HD's source" +
+                                (f"; its first {rows} rows)" if rows else "; every row)"))
+    else:
+        source["prompt_set"] = prompts
+    return source

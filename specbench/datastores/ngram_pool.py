@@ -85,9 +85,11 @@ class NGramPool:
 class RankedNGrams:
     """Static continuations per key, best first (e.g. by document frequency), for keys of 1..key_tokens."""
 
-    def __init__(self, table: dict[tuple[int, ...], list[tuple[int, ...]]], key_tokens: int):
+    def __init__(self, table: dict[tuple[int, ...], list[tuple[int, ...]]], key_tokens: int,
+                 source: dict | None = None):
         self.table = table
         self.key_tokens = key_tokens
+        self.source = source or {}  # what it was built from (a model database's manifest: its prompt set), for records
 
     @staticmethod
     def from_counts(ngrams: np.ndarray, counts: np.ndarray, key_length: int, capacity: int,

@@ -7,8 +7,8 @@ A prompt set spec is one of:
 - a jsonl file (``prompt`` field, or the first of Spec-Bench ``turns``) or a text file (one prompt per line);
 - ``sharegpt`` (opt-in, see specbench/datastores/sharegpt.py) or ``sharegpt:FILE``: the first user turn of
   each complete conversation;
-- ``hf:OpenAssistant/oasst1[:split]``: OASST1's English user messages, what HD's paper built its model
-  database from;
+- ``hf:OpenAssistant/oasst1[:split]``: OASST1's English messages (every role, in row order), what HD's
+  construct_model_DB.py answers (see ``oasst_prompts``);
 - ``hf:owner/name[:split]``: any other hub dataset whose rows have a ``prompt`` or ``text`` field.
 """
 
@@ -31,16 +31,25 @@ PROMPT_SPECS = ("null (the built-in set)", "a jsonl/text file", "sharegpt", "sha
 WORD = re.compile(r"[^\W_]+")
 
 
-def model_db_prompts(spec: str | None, limit: int | None = None) -> list[str]:
-    """The prompts of a prompt set spec (see the module docstring), the first ``limit`` of them if given."""
+def model_db_prompts(spec: str | None, limit: int | None = None, source_rows: int | None = None) -> list[str]:
+    """The prompts of a prompt set spec (see the module docstring), the first ``limit`` of them if given.
+    ``source_rows``: read only the first that many rows of a hub source (``hf:``), prompts or not: HD's released
+    construct_model_DB.py stops after row 10 (``if i == 10: break``), i.e. ``source_rows=11``."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise SpecbenchError(f"prompt limit {limit!r}: must be a positive number of prompts, or null for all")
+    if source_rows is not None and (isinstance(source_rows, bool) or not isinstance(source_rows, int)
+                                    or source_rows < 1):
+        raise SpecbenchError(f"drafter.model_db_build.source_rows={source_rows!r}: must be a positive number of rows, "
+                             "or null for every row")
+    if source_rows is not None and not (spec or "").startswith("hf:"):
+        raise SpecbenchError(f"drafter.model_db_build.source_rows={source_rows} applies to hub prompt sources (hf:...) "
+                             f"only; the prompt set is {spec or 'the built-in set'}")
     if spec is None:
         prompts = read_prompt_file(MODEL_DB_PROMPTS)
     elif is_sharegpt_spec(spec):
         prompts = first_user_turns(load_sharegpt(spec))
     elif spec.startswith("hf:"):
-        prompts = list(islice(hub_prompts(*split_hub_spec(spec[3:])), limit))
+        prompts = list(islice(hub_prompts(*split_hub_spec(spec[3:]), source_rows=source_rows), limit))
     elif Path(spec).expanduser().is_file():
         prompts = read_prompt_file(Path(spec).expanduser())
     else:
@@ -74,9 +83,10 @@ def read_prompt_file(path: Path) -> list[str]:
     return prompts
 
 
-def hub_prompts(name: str, split: str):
-    """Yield the prompts of a hub dataset split, read lazily so that a limit stops early."""
-    rows = load_hub_rows(name, split)
+def hub_prompts(name: str, split: str, source_rows: int | None = None):
+    """Yield the prompts of a hub dataset split (of its first ``source_rows`` rows, if given), read lazily so
+    that a limit stops early."""
+    rows = islice(load_hub_rows(name, split), source_rows)
     if name.startswith(OASST_PREFIX):
         yield from oasst_prompts(rows)
         return
@@ -90,14 +100,15 @@ def hub_prompts(name: str, split: str):
 
 
 def oasst_prompts(rows):
-    """Yield the English user messages (``lang == "en"``, ``role == "prompter"``) of OASST1 message rows.
+    """Yield the English messages (``lang == "en"``) of OASST1 message rows, of every role, in row order.
 
-    HD's paper builds its model database from OASST1's user messages; the script its authors released keeps
-    every English message, assistant replies included, without filtering roles. We follow the paper: the target
-    answers prompts, and an assistant reply is not one."""
+    This is what HD's scripts/construct_model_DB.py:60-62 (@bc1e650) hands the target: it filters on the
+    language alone, so assistant replies are answered as prompts too, and its code is the only description of
+    the model database's source we can check (docs/fidelity.md says why it is taken as what produced the
+    published numbers). Its ``if i == 10: break`` (row 10 is the last read) is ``source_rows=11``."""
     for row in rows:
         text = row.get("text")
-        if row.get("lang") == "en" and row.get("role") == "prompter" and isinstance(text, str) and text.strip():
+        if row.get("lang") == "en" and isinstance(text, str) and text.strip():
             yield text
 
 

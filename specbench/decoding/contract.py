@@ -119,6 +119,11 @@ class Drafter(ABC):
     #: the target's layers whose hidden states this drafter reads (0 = the embeddings' output, i = after decoder
     #: layer i), in StepOutcome.hidden_states; () = none, and the target computes none
     hidden_state_layers: tuple[int, ...] = ()
+    #: whether a turn's first draft is proposed from the prompt itself, as Token Recycling, PLD and SpS start: the
+    #: prefill then reads the prompt but its last token and settles nothing (no ``accept`` follows it), and the
+    #: first step drafts after the last prompt token. False: the prefill settles the first token and the first
+    #: draft continues it
+    first_draft_from_prompt: bool = False
 
     def prepare(self, target, sampling=None) -> None:
         """Called once before the first question with the target (a ``specbench.models.LoadedModel``) and
@@ -135,6 +140,11 @@ class Drafter(ABC):
 
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
         """The tokens appended to the context this step (accepted draft tokens + bonus token)."""
+
+    def sources(self) -> dict:
+        """What this drafter's databases or models were built from (after ``prepare``), for the run's record
+        (summary.json ``drafter_sources``): e.g. HD's model database's prompt set. {} when nothing was built."""
+        return {}
 
     def state(self) -> dict[str, np.ndarray] | None:
         """What this drafter carries from one question to the next (Token Recycling's matrix), as named

@@ -238,6 +238,8 @@ class Decoder:
         started = read()
         drafter.begin(sequence.prompt)
         began = fence_drafter()
+        if drafter.first_draft_from_prompt:
+            return self._prefill_short_of_last_token(sequence, started, began)
         choices = self.target.prefill(sequence.prompt, drafter.reads_prompt_choices, self._read_k)
         prefilled = self.clock.now()  # the choices' read waited for the pass
         first = int(choices.argmax[-1]) if self.sampling.greedy else draw(
@@ -251,6 +253,18 @@ class Decoder:
         return StepRecord(step=0, draft_tokens=0, verify_tokens=sequence.prompt.size, accepted_tokens=1,
                           draft_s=(began - started) + (done - picked), verify_s=prefilled - began,
                           overhead_s=picked - prefilled, context_len=sequence.prompt.size)
+
+    def _prefill_short_of_last_token(self, sequence: _Sequence, started: float, began: float) -> StepRecord:
+        """The prefill of a drafter whose first draft comes from the prompt (``first_draft_from_prompt``): the
+        target reads every prompt token but the last, whose output the first step's pass gives (its root), and
+        settles nothing; a one-token prompt leaves nothing to read here."""
+        prompt = sequence.prompt
+        if prompt.size > 1:
+            self.target.prefill(prompt[:-1], False, self._read_k)  # its choices are dropped: nothing is settled
+        prefilled = self.clock.read()  # the choices were not read: fenced, so the pass is billed here
+        return StepRecord(step=0, draft_tokens=0, verify_tokens=prompt.size - 1, accepted_tokens=0,
+                          draft_s=began - started, verify_s=prefilled - began, overhead_s=0.0,
+                          context_len=prompt.size - 1)
 
     def _step(self, step: int, sequence: _Sequence, drafter: Drafter, remaining: int, generator) -> StepRecord:
         """One decoding step: draft, verify, accept, record. It adds at most ``remaining`` tokens, the last of

@@ -51,7 +51,7 @@ class DraftModel(Drafter):
 
     def __init__(self, name: str = "draft_model", model: dict | None = None, drafts_by_family: dict | None = None,
                  gamma: int = 4, adaptive_gamma: bool = False, max_gamma: int | None = 16,
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, first_draft_from_prompt: bool = True):
         require_positive(gamma=gamma)
         if max_gamma is not None:
             require_positive(max_gamma=max_gamma)
@@ -59,6 +59,7 @@ class DraftModel(Drafter):
         self.model_spec = plain(model) or {}
         self.drafts_by_family = plain(drafts_by_family) or {}
         self.initial_gamma = gamma
+        self.first_draft_from_prompt = bool(first_draft_from_prompt)
         self.adaptive_gamma = adaptive_gamma
         self.max_gamma = max_gamma if max_gamma is not None else float("inf")  # null: unbounded (transformers)
         self.cache_dir = cache_dir
@@ -79,27 +80,19 @@ class DraftModel(Drafter):
         return spec
 
     def prepare(self, target, sampling: Sampling | None = None) -> None:
-        from transformers import AutoModelForCausalLM
-
         from specbench.models import load_gguf, load_pretrained, use_linear_backend
 
         spec = self._spec_for(target)
         dtype = DTYPE_NAMES.get(target.dtype, "float32")
         if "pruned" in spec:
-            directory = Path(spec["path"]) if spec.get("path") else pruned_draft_directory(target, spec["pruned"], self.cache_dir)
-            if not (directory / "config.json").is_file():
-                from specbench.pruning import build_pruned_draft
+            from specbench.pruning import pruned_draft
 
-                settings = dict(spec["pruned"])
-                log.info("building the pruned draft for %s (once; cached in %s)", target.name, directory)
-                build_pruned_draft(target, directory, settings.pop("layers"), settings.pop("selection", "evenly"),
-                                   settings.pop("distill_tokens", 0), settings.pop("corpus", "python-docs"), **settings)
-            try:
-                draft = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype, attn_implementation="sdpa",
-                                                             local_files_only=True)
-            except (OSError, ValueError) as error:
-                raise SpecbenchError(f"draft checkpoint {directory} does not load ({error}); rebuild it with "
-                                     "scripts/prune_draft.py") from None
+            # Found whole (its files' checksums) or built first, through the artefact layer: a damaged draft in the
+            # cache is rebuilt, a damaged one at the user's path is refused in one line.
+            given = bool(spec.get("path"))
+            directory = (Path(spec["path"]).expanduser() if given
+                         else pruned_draft_directory(target, spec["pruned"], self.cache_dir))
+            draft = pruned_draft(target, directory, spec["pruned"], given)
             draft.to(target.device).eval()
             use_linear_backend(draft, "auto")
             draft_name = f"pruned {directory.name}"

@@ -150,6 +150,15 @@ class HierarchyDrafting(Drafter):
             self.statistics_db = build.statistics_datastore(target, self.statistics_db_path, self.statistics_corpus,
                                                             self.cache_dir)
 
+    def sources(self) -> dict:
+        found = {}
+        if self.model_db is not None:
+            found["model_db"] = self.model_db.source
+        if self.statistics_db is not None:
+            found["statistics_db"] = {"corpus": self.statistics_corpus if self.statistics_db_path == "auto"
+                                      else self.statistics_db_path}
+        return found
+
     def begin(self, prompt_ids: np.ndarray) -> None:
         # HD's token map and window are built anew on every generate call, i.e. every turn.
         self.context_db.clear()

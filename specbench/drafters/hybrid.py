@@ -103,7 +103,7 @@ class HybridDrafter(FollowsContext, Drafter):
         self.static: StaticSuffixAutomaton | None = None
         self.recycling = None if recycling_template is None else TokenRecycling(
             name=f"{name}-recycling", template=recycling_template, learn_from_prompt=recycling_from_prompt,
-            update_on_eos=True)
+            update_on_eos=True, first_draft_from_prompt=False)
         if self.recycling is not None:
             self.target_top_k = self.recycling.target_top_k
             self.reads_prompt_choices = self.recycling.reads_prompt_choices

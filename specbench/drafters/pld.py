@@ -76,7 +76,9 @@ class PromptLookup(Drafter):
         prefer: str = "earliest",
         full_continuation: bool = True,
         no_match_token: int | None = 100,
+        first_draft_from_prompt: bool = True,
     ):
+        self.first_draft_from_prompt = bool(first_draft_from_prompt)
         require_positive(max_ngram_size=max_ngram_size, min_ngram_size=min_ngram_size,
                          num_draft_tokens=num_draft_tokens)
         if min_ngram_size > max_ngram_size:

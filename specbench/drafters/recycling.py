@@ -124,10 +124,13 @@ class TokenRecycling(Drafter):
     learn_from_prompt: also learn from the target's choices at every prompt position in the prefill
                        (SAM-Decoding's variant; Token Recycling learns from decoding passes only)
     update_on_eos:     also learn from the pass that accepts an EOS (SAM-Decoding's variant)
+    first_draft_from_prompt: the prefill reads the prompt but its last token, and the first pass drafts the
+                       template from that token and learns its row and the 80 nodes' (the authors'; false: the
+                       prefill settles the first token and learns the last prompt token's row alone)
     """
 
     def __init__(self, name: str = "recycling", template: str = "2.2.2", top_k: int = 8, hot_start: bool = True,
-                 learn_from_prompt: bool = False, update_on_eos: bool = False):
+                 learn_from_prompt: bool = False, update_on_eos: bool = False, first_draft_from_prompt: bool = True):
         if template not in TEMPLATES:
             raise SpecbenchError(f"drafter.template={template!r} is not a known tree template; "
                                  f"choose one of: {', '.join(TEMPLATES)}")
@@ -142,6 +145,10 @@ class TokenRecycling(Drafter):
         self.reads_prompt_choices = bool(learn_from_prompt)
         self.hot_start = bool(hot_start)
         self.update_on_eos = bool(update_on_eos)
+        self.first_draft_from_prompt = bool(first_draft_from_prompt)
+        if self.reads_prompt_choices and self.first_draft_from_prompt:
+            raise SpecbenchError("drafter.learn_from_prompt=true needs a prefill that reads every prompt position "
+                                 "and settles the first token: set drafter.first_draft_from_prompt=false with it")
         self.successors: np.ndarray | None = None  # [vocab, top_k]
         self.eos_token_ids: frozenset[int] = frozenset()
         self._root = -1

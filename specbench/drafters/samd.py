@@ -149,7 +149,7 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
         self.context = DynamicSuffixAutomaton()
         self.static: StaticSuffixAutomaton | None = None
         self.recycling = TokenRecycling(name=f"{name}-recycling", template="samd", learn_from_prompt=True,
-                                        update_on_eos=True) if auxiliary == "recycling" else None
+                                        update_on_eos=True, first_draft_from_prompt=False) if auxiliary == "recycling" else None
         if self.recycling is not None:
             self.target_top_k = self.recycling.target_top_k
             self.reads_prompt_choices = True

@@ -72,12 +72,10 @@ def convert_gguf(file: Path, converted: Path, torch_dtype) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    try:
-        replace_directory(converted, lambda staging: (model.save_pretrained(staging), tokenizer.save_pretrained(staging)),
-                          {"gguf": str(file), "dtype": str(torch_dtype)})
-    except OSError as error:
-        raise SpecbenchError(f"cannot write the converted model to {converted.parent} ({error.strerror or error}); "
-                             f"free space there or {CACHE_HINT}") from None
+    # A full or read-only cache disk is one line naming the copy (replace_directory maps safetensors' own error
+    # too) and leaves no staging directory behind.
+    replace_directory(converted, lambda staging: (model.save_pretrained(staging), tokenizer.save_pretrained(staging)),
+                      {"gguf": str(file), "dtype": str(torch_dtype)})
 
 
 def converted_copy_problem(converted: Path) -> str | None:

@@ -6,6 +6,7 @@ import logging
 import os
 from pathlib import Path
 
+from specbench.artefacts import write_refusal
 from specbench.errors import SpecbenchError
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
@@ -62,6 +63,9 @@ def load_pretrained(
         tokenizer, model = load(local_only=True)
     except Exception as error:  # from a directory the user named, any failure to load is the directory's
         if path:
+            missing = _missing_checkpoint_parts(Path(source))
+            if missing:  # the loaders' own message is about a tokenizer they could not build, not about the files
+                raise SpecbenchError(f"model.path={path} holds no model ({missing}); {CHECKPOINT_FILES}") from error
             raise SpecbenchError(_unloadable_message(f"model.path={path}", Path(source), error)) from error
         if not isinstance(error, OSError):  # OSError: not in the cache; anything else may be a damaged copy
             snapshot = _cached_snapshot(hub_id, revision)
@@ -75,9 +79,31 @@ def load_pretrained(
         try:
             tokenizer, model = load(local_only=False)
         except Exception as download_error:  # any network or hub failure means the same to the user
+            refusal = write_refusal(download_error)  # but a full or read-only Hugging Face cache is not offline
+            if refusal is not None:
+                raise refusal from download_error
             raise SpecbenchError(_unavailable_message(name, hub_id)) from download_error
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source, linear_backend,
                           family, placement.kind)
+
+
+CHECKPOINT_FILES = ("a checkpoint directory holds config.json, the weights (*.safetensors or pytorch_model*.bin) and "
+                    "the tokenizer's files (tokenizer.json or tokenizer.model, with tokenizer_config.json), as "
+                    "save_pretrained or `hf download HUB_ID --local-dir DIR` writes them")
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "spiece.model", "*.tiktoken")
+
+
+def _missing_checkpoint_parts(directory: Path) -> str | None:
+    """What a directory that failed to load lacks of a checkpoint ("it is empty", "no config.json, no weights"),
+    or None when it has every part (then a part is damaged)."""
+    if not any(directory.iterdir()):
+        return "it is empty"
+    parts = {"config.json": ("config.json",), "weights": WEIGHT_FILES, "tokenizer files": TOKENIZER_FILES}
+    missing = [f"no {part}" for part, patterns in parts.items()
+               if not any(any(directory.glob(pattern)) for pattern in patterns)]
+    return ", ".join(missing) or None
 
 
 def _unloadable_message(what: str, directory: Path, error: Exception,

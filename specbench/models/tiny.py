@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from specbench.errors import SpecbenchError
+from specbench.machine import available_memory_bytes
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 from specbench.models.placement import choose_placement, load_placed
 from specbench.prompts import ByteTokenizer, CharTokenizer
+from specbench.settings import MAX_SEED
+
+# The model is built in float32 on the host first, whatever model.dtype asks for.
+BUILD_BYTES_PER_PARAMETER = 4
 
 
 def build_tiny_random(
@@ -38,6 +46,9 @@ def build_tiny_random(
     ``tp_plan`` / ``device_map``: loaded again through ``from_pretrained`` with that placement (tests of tensor
     parallelism and of accelerate's placement).
     """
+    check_tiny_random(hidden_size=hidden_size, intermediate_size=intermediate_size, num_layers=num_layers,
+                      num_heads=num_heads, num_kv_heads=num_kv_heads, max_context=max_context,
+                      initializer_range=initializer_range, seed=seed, alphabet=alphabet)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = ByteTokenizer() if alphabet is None else CharTokenizer(alphabet)
@@ -68,3 +79,71 @@ def build_tiny_random(
     source = f"random:seed={seed}" + (f":alphabet={alphabet}" if alphabet else "")
     return finish_loading(name, model, tokenizer, prompt_format, None, torch_device, source, linear_backend,
                           family, placement.kind)
+
+
+def check_tiny_random(hidden_size: int = 64, intermediate_size: int = 128, num_layers: int = 2, num_heads: int = 4,
+                      num_kv_heads: int = 2, max_context: int = 8192, initializer_range: float = 0.2, seed: int = 0,
+                      alphabet: str | None = None, **others) -> None:
+    """Refuse, with one line naming the key, the value and what is valid, a ``build_tiny_random`` argument that
+    transformers or the decoding would fail on later (in LlamaConfig, in the first attention, or out of memory);
+    builds nothing. The other arguments (``others``) are checked where they are used."""
+    for key, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
+                       ("num_layers", num_layers), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+        _require_int(key, value, minimum=1)
+    _require_int("max_context", max_context, minimum=2, why=" (a prompt of at least 1 token and 1 new token)")
+    if not (isinstance(initializer_range, (int, float)) and not isinstance(initializer_range, bool)
+            and math.isfinite(initializer_range) and 0 < initializer_range <= 1):
+        raise SpecbenchError(f"model.initializer_range must be in (0, 1] (the standard deviation of the random "
+                             f"weights; transformers refuses more), got {initializer_range!r}")
+    _require_int("seed", seed, minimum=0, maximum=MAX_SEED)
+    if alphabet is not None and not isinstance(alphabet, str):
+        raise SpecbenchError(f"model.alphabet must be null (256 byte tokens) or a string of distinct characters, "
+                             f"got {alphabet!r}")
+    # Before the shapes' divisibility, so that an absurd size is refused without factoring it.
+    vocab_size = (ByteTokenizer() if alphabet is None else CharTokenizer(alphabet)).vocab_size
+    parameters = tiny_parameter_count(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads)
+    needed, available = parameters * BUILD_BYTES_PER_PARAMETER, available_memory_bytes()
+    if available is not None and needed > available:
+        raise SpecbenchError(f"model.hidden_size={hidden_size}, model.intermediate_size={intermediate_size} and "
+                             f"model.num_layers={num_layers} make {parameters:,} parameters, {needed / 2**30:.1f} GiB "
+                             f"in float32, more than the {available / 2**30:.1f} GiB of memory available")
+    if hidden_size % num_heads:
+        raise SpecbenchError(f"model.num_heads={num_heads} must divide model.hidden_size={hidden_size} (each head "
+                             f"takes hidden_size / num_heads dimensions); divisors: {_divisors(hidden_size)}")
+    head_dim = hidden_size // num_heads
+    if head_dim % 2:  # rotary embeddings turn pairs of dimensions
+        raise SpecbenchError(f"model.hidden_size={hidden_size} / model.num_heads={num_heads} = {head_dim} dimensions "
+                             f"per head, which must be even for rotary position embeddings; numbers of heads that "
+                             f"give an even size: {[n for n in _divisors(hidden_size) if hidden_size // n % 2 == 0]}")
+    if num_heads % num_kv_heads:
+        raise SpecbenchError(f"model.num_kv_heads={num_kv_heads} must divide model.num_heads={num_heads} (grouped-"
+                             f"query attention shares each key/value head among num_heads / num_kv_heads heads); "
+                             f"divisors: {_divisors(num_heads)}")
+
+
+def tiny_parameter_count(vocab_size: int, hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int,
+                         num_kv_heads: int) -> int:
+    """Parameters of the tiny Llama: input embeddings and an untied output layer, and per layer the query, key,
+    value and output projections, the gated MLP's three matrices and two norms; then the final norm."""
+    kv_size = num_kv_heads * (hidden_size // num_heads)
+    per_layer = 2 * hidden_size * hidden_size + 2 * hidden_size * kv_size + 3 * hidden_size * intermediate_size \
+        + 2 * hidden_size
+    return 2 * vocab_size * hidden_size + num_layers * per_layer + hidden_size
+
+
+def _require_int(key: str, value, minimum: int, maximum: int | None = None, why: str = "") -> None:
+    if (not isinstance(value, int) or isinstance(value, bool) or value < minimum
+            or (maximum is not None and value > maximum)):
+        kind = f"an integer in [{minimum}, {maximum}]" if maximum is not None else (
+            "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
+        raise SpecbenchError(f"model.{key} must be {kind}{why}, got {value!r}")
+
+
+def _divisors(number: int) -> list[int]:
+    if number > 10**12:  # too slow to factor, and no shape a machine could hold (the memory check says so)
+        return []
+    small = [n for n in range(1, math.isqrt(number) + 1) if number % n == 0]
+    return sorted({*small, *(number // n for n in small)})
+
+
+build_tiny_random.check_arguments = check_tiny_random  # config.check_group_values calls it before anything loads

@@ -1,0 +1,59 @@
+"""Ctrl-C at any moment of `python -m specbench` is exit status 130 and one line, without a traceback: during the
+imports of Hydra, torch and transformers, the config's composition, the model's load and the decoding. It was a
+KeyboardInterrupt traceback (and the interpreter's death by SIGINT) for the first second or so."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Long enough that every delay below lands before the run ends (40 warm-up runs: several seconds).
+RUN = ["model=tiny-random", "drafter=pld", "task.tasks=[qa]", "task.limit_per_task=3", "run.warmup_runs=40"]
+
+
+def interrupted(tmp_path: Path, delays: list[float]) -> subprocess.CompletedProcess:
+    """`python -m specbench` sent SIGINT after each of ``delays`` seconds (from its start)."""
+    process = subprocess.Popen([sys.executable, "-m", "specbench", *RUN, f"hydra.run.dir={tmp_path / 'run'}"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    try:
+        for index, delay in enumerate(delays):
+            time.sleep(max(0.0, started + delay - time.monotonic()))
+            if index == 0:
+                assert process.poll() is None, "the run ended before the interrupt: the test proves nothing"
+            process.send_signal(signal.SIGINT)  # a later one may find the process gone: it does nothing then
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def interrupt_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "interrupted" in line]
+
+
+# 0.2 s: Hydra's and omegaconf's imports; 0.6-1.2 s: composing the config, importing torch and transformers;
+# 2-3 s: building the model, warming up.
+@pytest.mark.parametrize("delay", [0.2, 0.6, 1.2, pytest.param(2.0, marks=pytest.mark.slow),
+                                   pytest.param(3.0, marks=pytest.mark.slow)])
+def test_an_interrupt_at_any_moment_is_exit_130_and_one_line(tmp_path, delay):
+    result = interrupted(tmp_path, [delay])
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr
+    [line] = interrupt_lines(result.stderr)
+    assert line.startswith("specbench: interrupted"), result.stderr
+
+
+def test_a_second_interrupt_while_the_first_unwinds_is_still_exit_130_and_one_line(tmp_path):
+    result = interrupted(tmp_path, [2.5, 2.5, 2.5])  # back to back: the others arrive while the first unwinds
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr
+    assert len(interrupt_lines(result.stderr)) == 1, result.stderr
