@@ -96,9 +96,13 @@ def isolated_cache() -> Path:
     """Databases the drafters build go to a throw-away cache, their corpus replaced by the tests' small text
     (as tests/conftest.py does), so no row downloads anything or reads the user's cache."""
     cache = Path(tempfile.mkdtemp(prefix="specbench-gpu-check-"))
-    corpus = cache / "corpora" / "python-docs"
-    corpus.mkdir(parents=True)
-    shutil.copy(ROOT / "tests" / "fixtures" / "corpus.txt", corpus / "corpus.txt")
+    try:  # an interrupt while it is being filled (main's finally is not yet armed) removes it too
+        corpus = cache / "corpora" / "python-docs"
+        corpus.mkdir(parents=True)
+        shutil.copy(ROOT / "tests" / "fixtures" / "corpus.txt", corpus / "corpus.txt")
+    except BaseException:
+        shutil.rmtree(cache, ignore_errors=True)
+        raise
     os.environ["SPECBENCH_CACHE"] = str(cache)
     return cache
 

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from specbench.artefacts import os_error_of, unique_suffix, write_refusal  # noqa: E402
 from specbench.config import register_resolvers  # noqa: E402
-from specbench.errors import SpecbenchError, storage_refusal  # noqa: E402
+from specbench.errors import SpecbenchError, raise_refusal, storage_refusal  # noqa: E402
 
 register_resolvers()  # the configs interpolate ${method:...} and ${initials:...}
 
@@ -48,10 +48,7 @@ def record_hydra_config(cfg: DictConfig, run_path: Path) -> None:
         _save_whole(OmegaConf.create(list(HydraConfig.get().overrides.task)), hydra_dir / "overrides.yaml")
         handler = logging.FileHandler(run_path / "specbench.log", encoding="utf-8")
     except OSError as error:
-        refusal = storage_refusal(error)
-        if refusal is None:
-            raise
-        raise refusal from error
+        raise_refusal(error)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.getLogger().addHandler(handler)
     _run_log_handlers.append(handler)
@@ -69,10 +66,7 @@ def _save_whole(node, path: Path) -> None:
             partial.unlink(missing_ok=True)
         except OSError:
             pass  # a read-only filesystem let nothing be written
-        refusal = storage_refusal(error, path)
-        if refusal is None:
-            raise
-        raise refusal from error
+        raise_refusal(error, path)
 
 
 _run_log_handlers: list[logging.Handler] = []  # closed when the job ends (a sweep runs jobs in one process)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from specbench.errors import SpecbenchError, storage_refusal
+from specbench.errors import SpecbenchError, raise_refusal, refusing_writes, storage_refusal
 
 log = logging.getLogger(__name__)
 
@@ -445,10 +445,7 @@ class FileLock:
     def _refuse_write(self, error: OSError, path: Path | None = None):
         """Raise the one-line refusal for a lock the filesystem will not let this process write (read-only, full,
         not permitted), or ``error`` itself when it is something else."""
-        refusal = storage_refusal(error, path or self.path, "lock")
-        if refusal is None:
-            raise error
-        raise refusal from error
+        raise_refusal(error, path or self.path, "lock")
 
     def _refresh(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -547,13 +544,8 @@ def replace_directory(directory: str | Path, write: Callable[[Path], None], mani
                              "it; remove it or choose another directory")
     store = versions_dir(directory)
     staging = store / f".staging-{unique_suffix()}"
-    try:
+    with refusing_writes(store, "create"):
         staging.mkdir(parents=True)
-    except OSError as error:
-        refusal = storage_refusal(error, store, "create")
-        if refusal is None:
-            raise
-        raise refusal from error
     try:
         write(staging)
         manifest = {**manifest, "files": file_records(staging)}
@@ -675,16 +667,11 @@ def load_or_rebuild(directory: Path, what: str, load: Callable[[], Loaded], buil
                 return load()  # built by the process this one waited for
             except SpecbenchError as error:
                 log.warning("the cached %s is damaged and is being rebuilt: %s", what, error)
-                try:
+                with refusing_writes(directory, "remove the damaged"):
                     if not directory.is_symlink() and directory.is_dir():  # the cache's own, written before versions
                         shutil.rmtree(directory)
                     elif directory.is_file():
                         directory.unlink()
-                except OSError as remove_error:
-                    refusal = storage_refusal(remove_error, directory, "remove the damaged")
-                    if refusal is None:
-                        raise
-                    raise refusal from remove_error
         else:
             log.info("building the %s (once; cached in %s)", what, directory)
         build()

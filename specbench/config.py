@@ -44,7 +44,7 @@ def check_group_keys(cfg: DictConfig) -> None:
     ignored (task) or fails later as a TypeError inside instantiate (model, drafter). A ``model`` or ``drafter``
     key is valid when its ``_target_`` takes a parameter of that name (a target with ``**kwargs`` takes any);
     a ``task`` key when some ``conf/task/*.yaml`` sets it. Meant to run before anything is loaded; the ``run``
-    group is checked by ``RunSettings.from_config``. Then the values: ``check_group_values``.
+    group is checked by ``RunSettings.from_config``. The values: ``check_group_values``; both: ``check_config``.
     """
     for group, runner_arguments in RUNNER_ARGUMENTS.items():
         node = cfg.get(group)
@@ -73,15 +73,22 @@ def check_group_keys(cfg: DictConfig) -> None:
     task = cfg.get("task")
     if isinstance(task, DictConfig):
         _refuse_unknown("task", set(task), task_keys())
-    check_group_values(cfg)
 
 
-def check_group_values(cfg: DictConfig) -> None:
+def check_config(cfg: DictConfig) -> RunSettings:
+    """Every check a composed configuration gets before anything is loaded: its keys (``check_group_keys``),
+    then its values (``check_group_values``); the run's settings, checked."""
+    check_group_keys(cfg)
+    return check_group_values(cfg)
+
+
+def check_group_values(cfg: DictConfig) -> RunSettings | None:
     """Refuse, with one line naming key, value and valid range, values that would fail only once something is
     loaded or decoding: the ``run`` group against its schema (``RunSettings.check``); the model's arguments
     against its loader's own check, where the loader has one (``check_arguments``, e.g. tiny-random's shapes);
     the run's token counts against a context the model config states (``model.max_context``); the task
-    group's selection. Drafter values are checked by the drafters themselves. Loads nothing."""
+    group's selection. Drafter values are checked by the drafters themselves. Loads nothing. Returns the run
+    settings (None for a configuration without a run group)."""
     settings = RunSettings.from_config(cfg.run) if isinstance(cfg.get("run"), DictConfig) else None
     model = cfg.get("model")
     if isinstance(model, DictConfig) and "_target_" in model:
@@ -99,6 +106,7 @@ def check_group_values(cfg: DictConfig) -> None:
         if not isinstance(tasks, ListConfig) or not all(isinstance(name, str) for name in tasks):
             raise SpecbenchError(f"task.tasks must be a list of task names such as [qa, rag], got {tasks!r}")
         check_selection(list(tasks), task.get("limit_per_task"))
+    return settings
 
 
 @functools.cache

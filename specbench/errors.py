@@ -1,5 +1,11 @@
 """Errors that reach the user as one line, without a traceback."""
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
 
 class SpecbenchError(Exception):
     """A problem with the user's input or environment, explained in the message.
@@ -39,3 +45,21 @@ def storage_refusal(error: OSError, path=None, what: str = "write") -> Specbench
     reason, fix = _STORAGE_ERRNOS[name]
     target = f"cannot {what} {where}" if where is not None else f"a {what} was refused"
     return SpecbenchError(f"{target}: {reason} ({name}); {fix} ({_LOCATIONS})")
+
+
+def raise_refusal(error: OSError, path=None, what: str = "write") -> NoReturn:
+    """Raise ``storage_refusal``'s one line from ``error``, or ``error`` itself when it is not a refusal."""
+    refusal = storage_refusal(error, path, what)
+    if refusal is None:
+        raise error
+    raise refusal from error
+
+
+@contextmanager
+def refusing_writes(path=None, what: str = "write") -> Iterator[None]:
+    """A filesystem's refusal inside the block becomes ``storage_refusal``'s one line about ``path``; any other
+    error goes on as it is."""
+    try:
+        yield
+    except OSError as error:
+        raise_refusal(error, path, what)

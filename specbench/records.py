@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from specbench import metrics
 from specbench.data import HUB_PREFIX, SAMPLE_QUESTIONS, TASKS, Prompt, read_questions, select_questions
-from specbench.errors import SpecbenchError, storage_refusal
+from specbench.errors import SpecbenchError, refusing_writes, storage_refusal
 from specbench.mismatch import KINDS as MISMATCH_KINDS
 from specbench.mismatch import Mismatch
 
@@ -776,13 +776,8 @@ class RunDirectory:
         is what ``read_run_results`` keeps (finished questions of this run's question set, as run.json's task
         settings select it when its question file is at hand); the files are rewritten without the rest, so
         appends continue from a clean state."""
-        try:
+        with refusing_writes(self.path, "create"):
             self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            refusal = storage_refusal(error, self.path, "create")
-            if refusal:
-                raise refusal from error
-            raise
         if self.settings_file.is_file():  # the runner checked before loading; this guards every other caller
             earlier = read_json_file(self.settings_file, "settings file of the run in this directory")
             changed = settings_differences(earlier, settings)

@@ -25,7 +25,7 @@ import socket
 from pathlib import Path
 
 from specbench.artefacts import FileLock, describe_holder, holder_is_dead
-from specbench.errors import SpecbenchError, storage_refusal
+from specbench.errors import SpecbenchError, raise_refusal
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +123,7 @@ class RunLock:
         """Remove what this process created and raise the one-line refusal of a filesystem that will not take the
         write (``errors.storage_refusal``), or ``error`` itself when it is not one (a bug keeps its traceback)."""
         self._remove_created()
-        refusal = storage_refusal(error, path, what)
-        if refusal is None:
-            raise error
-        raise refusal from error
+        raise_refusal(error, path, what)
 
     def _close_quietly(self) -> None:
         """Unlock and close the lock file; a write still buffered for a full disk fails here and is dropped."""

@@ -36,7 +36,7 @@ from specbench.models import LoadedModel
 from specbench.models.devices import driver_version, gpus_listed_by_driver, why_no_cuda
 from specbench.models.loaded import weights_fingerprint
 from specbench.prompts import too_long_for_context
-from specbench.config import check_group_keys
+from specbench.config import check_config
 from specbench.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
 from specbench.records import (SCHEMA_VERSION, Answer, RunDirectory, read_json_file, settings_differences,
                                write_atomically)
@@ -323,8 +323,7 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
 
     Under torchrun (``model.tp_plan=auto``) every process runs this; rank 0 decides and writes, the others
     decode beside it in a scratch directory (``specbench.distributed``)."""
-    check_group_keys(cfg)
-    settings = RunSettings.from_config(cfg.run)
+    settings = check_config(cfg)
     questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
     if settings.device != "auto":
         resolve_device(settings.device)  # a device torch cannot give is refused before anything else happens

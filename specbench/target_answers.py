@@ -18,14 +18,13 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 from tqdm import tqdm
 
 from specbench.artefacts import cached_path, load_or_rebuild, rank_tag, read_manifest, replace_directory, verify_files
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
-from specbench.errors import SpecbenchError, storage_refusal
+from specbench.errors import SpecbenchError, raise_refusal
 
 log = logging.getLogger(__name__)
 ANSWERS_FILE = "answers.jsonl"
@@ -155,7 +154,7 @@ def _whole_rows(file: Path, limit: int, cut: bool = True) -> list[tuple[list[int
     except FileNotFoundError:
         return []
     except OSError as error:
-        _refuse(error, file, "read")
+        raise_refusal(error, file, "read")
     pairs, end = [], 0
     for line in data.splitlines(keepends=True):
         pair = _pair(line) if line.endswith(b"\n") and len(pairs) < limit else None
@@ -167,7 +166,7 @@ def _whole_rows(file: Path, limit: int, cut: bool = True) -> list[tuple[list[int
         try:
             os.truncate(file, end)
         except OSError as error:
-            _refuse(error, file)
+            raise_refusal(error, file)
     return pairs
 
 
@@ -178,7 +177,7 @@ def _append(staging: Path, pairs) -> None:
     try:
         handle = os.open(staging, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as error:
-        _refuse(error, staging)
+        raise_refusal(error, staging)
     try:
         start = os.fstat(handle).st_size
         try:
@@ -189,15 +188,7 @@ def _append(staging: Path, pairs) -> None:
             # If even the cut fails, the next build still trusts only the whole rows before it (_whole_rows).
             with contextlib.suppress(OSError):
                 os.ftruncate(handle, start)
-            _refuse(error, staging)
+            raise_refusal(error, staging)
     finally:
         os.close(handle)
 
-
-def _refuse(error: OSError, path: Path, what: str = "write") -> NoReturn:
-    """Raise the one-line refusal for a filesystem that will not let ``path`` be written (full, read-only, not
-    permitted), or ``error`` itself when it is something else (a bug keeps its traceback)."""
-    refusal = storage_refusal(error, path, what)
-    if refusal is None:
-        raise error
-    raise refusal from error

@@ -112,9 +112,13 @@ def test_cached_answers_damaged_in_place_are_generated_again(tiny, tmp_path, cap
     assert "damaged" in warning and "answers.jsonl" in warning and "again" in warning
 
 
+def answer_one_by_one(tiny, cache: Path):
+    """The tiny target's answers to PROMPTS, one prompt per batch (so a staging file holds one row per batch)."""
+    return target_answers(tiny, PROMPTS, max_new_tokens=5, batch_size=1, cache_dir=str(cache))
+
+
 def test_a_refused_write_is_one_line_and_leaves_only_whole_rows_to_resume_from(tiny, tmp_path, monkeypatch):
-    prompts = PROMPTS
-    clean = target_answers(tiny, prompts, max_new_tokens=5, batch_size=1, cache_dir=str(tmp_path / "clean"))
+    clean = answer_one_by_one(tiny, tmp_path / "clean")
     cache = tmp_path / "full"
     real_write = os.write
     staged = []
@@ -129,7 +133,7 @@ def test_a_refused_write_is_one_line_and_leaves_only_whole_rows_to_resume_from(t
 
     monkeypatch.setattr(os, "write", full_disk)
     with pytest.raises(SpecbenchError) as caught:
-        target_answers(tiny, prompts, max_new_tokens=5, batch_size=1, cache_dir=str(cache))
+        answer_one_by_one(tiny, cache)
     monkeypatch.setattr(os, "write", real_write)
     message = str(caught.value)
     [partial] = (cache / "answers").glob("*.partial")
@@ -146,13 +150,12 @@ def test_a_refused_write_is_one_line_and_leaves_only_whole_rows_to_resume_from(t
         return generate(*args, done=done, **kwargs)
 
     monkeypatch.setattr(answers_module, "generate_answers", recording)
-    assert target_answers(tiny, prompts, max_new_tokens=5, batch_size=1, cache_dir=str(cache)) == clean
+    assert answer_one_by_one(tiny, cache) == clean
     assert resumed_from == [1] and not partial.exists()
 
 
 def test_a_half_written_or_damaged_staging_tail_is_not_trusted(tiny, tmp_path, monkeypatch):
-    prompts = PROMPTS
-    clean = target_answers(tiny, prompts, max_new_tokens=5, batch_size=1, cache_dir=str(tmp_path / "clean"))
+    clean = answer_one_by_one(tiny, tmp_path / "clean")
     cache = tmp_path / "cache"
     generate = answers_module.generate_answers
     resumed_from = []
@@ -166,11 +169,11 @@ def test_a_half_written_or_damaged_staging_tail_is_not_trusted(tiny, tmp_path, m
 
     monkeypatch.setattr(answers_module, "generate_answers", interrupted_after_one_batch)
     with pytest.raises(KeyboardInterrupt):
-        target_answers(tiny, prompts, max_new_tokens=5, batch_size=1, cache_dir=str(cache))
+        answer_one_by_one(tiny, cache)
     [partial] = (cache / "answers").glob("*.partial")
     with partial.open("ab") as handle:  # a whole line of invalid ids, then half a line
         handle.write(b'{"prompt_ids": [1], "answer_ids": [-3]}\n{"prompt_ids": [1, 2')
-    assert target_answers(tiny, prompts, max_new_tokens=5, batch_size=1, cache_dir=str(cache)) == clean
+    assert answer_one_by_one(tiny, cache) == clean
     assert resumed_from == [0, 1] and not partial.exists()
 
 

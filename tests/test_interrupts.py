@@ -4,6 +4,7 @@ KeyboardInterrupt traceback (and the interpreter's death by SIGINT) for the firs
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -17,16 +18,22 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = ["model=tiny-random", "drafter=pld", "task.tasks=[qa]", "task.limit_per_task=3", "run.warmup_runs=40"]
 
 
-def interrupted(tmp_path: Path, delays: list[float]) -> subprocess.CompletedProcess:
-    """`python -m specbench` sent SIGINT after each of ``delays`` seconds (from its start)."""
-    process = subprocess.Popen([sys.executable, "-m", "specbench", *RUN, f"hydra.run.dir={tmp_path / 'run'}"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def send_interrupts(command: list[str], delays: list[float], env: dict | None = None,
+                    working=None) -> subprocess.CompletedProcess:
+    """``command`` (run from the repository) sent SIGINT after each of ``delays`` seconds from its start; the first
+    not before ``working()`` is true, if given (the command is past its imports and at its work, however slow the
+    machine). Shared by tests/test_interrupts_elsewhere.py."""
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=None if env is None else {**os.environ, **env})
     started = time.monotonic()
     try:
         for index, delay in enumerate(delays):
             time.sleep(max(0.0, started + delay - time.monotonic()))
             if index == 0:
-                assert process.poll() is None, "the run ended before the interrupt: the test proves nothing"
+                while working is not None and not working() and process.poll() is None \
+                        and time.monotonic() < started + 60:
+                    time.sleep(0.05)
+                assert process.poll() is None, "the command ended before the interrupt: the test proves nothing"
             process.send_signal(signal.SIGINT)  # a later one may find the process gone: it does nothing then
         out, err = process.communicate(timeout=60)
     finally:
@@ -34,6 +41,11 @@ def interrupted(tmp_path: Path, delays: list[float]) -> subprocess.CompletedProc
             process.kill()
             process.communicate()
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def interrupted(tmp_path: Path, delays: list[float]) -> subprocess.CompletedProcess:
+    """`python -m specbench` sent SIGINT after each of ``delays`` seconds (from its start)."""
+    return send_interrupts([sys.executable, "-m", "specbench", *RUN, f"hydra.run.dir={tmp_path / 'run'}"], delays)
 
 
 def interrupt_lines(stderr: str) -> list[str]:

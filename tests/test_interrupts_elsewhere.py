@@ -7,11 +7,8 @@ death by SIGINT (status -2) at every moment."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import pandas as pd
 import pytest
 
 from test_analysis import synthetic_run
+from test_interrupts import send_interrupts
 
 ROOT = Path(__file__).resolve().parents[1]
 # 0.2 s: the imports (pandas, matplotlib; torch, transformers, Hydra); 1 s: the scripts' imports, analysis
@@ -31,23 +29,8 @@ QUESTIONS = 30000  # a run analysis reads for several seconds, so that every del
 
 def interrupted(command: list[str], delay: float, env: dict | None = None,
                 working=None) -> subprocess.CompletedProcess:
-    """``command`` sent SIGINT ``delay`` seconds after its start, and not before ``working()`` is true, if given
-    (the command is past its imports and at its work, however slow the machine)."""
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, **(env or {})})
-    started = time.monotonic()
-    try:
-        time.sleep(max(0.0, started + delay - time.monotonic()))
-        while working is not None and not working() and process.poll() is None and time.monotonic() < started + 60:
-            time.sleep(0.05)
-        assert process.poll() is None, "the command ended before the interrupt: the test proves nothing"
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    """``command`` sent SIGINT ``delay`` seconds after its start, and not before ``working()`` is true, if given."""
+    return send_interrupts(command, [delay], env, working)
 
 
 def assert_one_line(result: subprocess.CompletedProcess, program: str) -> str:

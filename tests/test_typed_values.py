@@ -8,7 +8,7 @@ import math
 import pytest
 
 from specbench import machine
-from specbench.config import check_group_keys, compose
+from specbench.config import check_config, compose
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import build_tiny_random, check_tiny_random, tiny_parameter_count
 from specbench.settings import MAX_SEED, RunSettings
@@ -185,7 +185,7 @@ def test_the_builder_itself_refuses_before_building():
     (["task.tasks=[1]"], "task.tasks must be a list of task names"),
 ])
 def test_a_composed_config_is_refused_before_loading(overrides, message):
-    assert refusal(check_group_keys, compose(["model=tiny-random", *overrides])).startswith(message)
+    assert refusal(check_config, compose(["model=tiny-random", *overrides])).startswith(message)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -193,7 +193,7 @@ def test_a_composed_config_is_refused_before_loading(overrides, message):
     ["model.num_heads=8", "model.num_kv_heads=8"], ["task.limit_per_task=1", "task.tasks=[qa,rag]"],
 ])
 def test_a_good_composed_config_passes(overrides):
-    check_group_keys(compose(["model=tiny-random", *overrides]))
+    check_config(compose(["model=tiny-random", *overrides]))
 
 
 def test_a_task_path_that_is_not_a_path_is_refused():
