@@ -49,8 +49,9 @@ from specbench.records import read_answers  # noqa: E402
 from specbench.runner import run_benchmark  # noqa: E402
 from specbench.settings import TUNING_SUFFIXES  # noqa: E402
 
+POSITIONS_SHOWN = 8  # columns of the per-position acceptance table
 TUNINGS = {suffix: f"run.{key}=auto" for key, suffix in TUNING_SUFFIXES}  # "+budget" -> run.draft_budget=auto
-FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains", "recycling", "samd"]
+FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains", "recycling", "samd", "eagle", "eagle2", "eagle3"]
 MEASURES = (  # (summary key or column, format, title)
     ("speedup", "{:.2f}x", "speedup over AR (* fastest)"),
     ("mean_accepted_tokens", "{:.2f}", "mean accepted tokens (prefill included, bonus token included)"),
@@ -159,6 +160,12 @@ def main() -> None:
         print("\naccepted draft tokens by source (HD's databases; SAM-Decoding's and the hybrid's context, corpus "
               "and recycling; share of all accepted draft tokens)\n" + shares.map(lambda value: f"{value:.3f}").to_string())
 
+    positions = pd.DataFrame({name: acceptance_by_position(Path(args.out) / name) for name in methods}).T
+    if not positions.empty:
+        print("\nacceptance per draft position (share of decoding steps whose draft reached position i that accepted "
+              "a token there; trees: the accepted path's depth; metrics.acceptance_by_position)\n"
+              + positions.iloc[:, :POSITIONS_SHOWN].map(lambda v: "-" if pd.isna(v) else f"{v:.2f}").to_string())
+
     run_dirs = [Path(args.out) / name for name in methods]
     costs = token_costs(load_questions(run_dirs), load_steps(run_dirs))
     print("\nwhere an accepted token's time goes (ms per accepted token, decoding steps; analysis.throughput."
@@ -166,6 +173,14 @@ def main() -> None:
           "verify time beyond one AR pass\n(the verify cost of the draft's tokens); speedup_bound = AR ms per token "
           "/ total; needed_tokens_per_step_2x: the acceptance a 2x speedup needs\n"
           + costs.set_index("label").to_string(float_format=lambda value: f"{value:.2f}"))
+
+
+def acceptance_by_position(run_dir: Path) -> dict:
+    """{position: acceptance} over a run's decoding steps (``metrics.acceptance_by_position``)."""
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    shares = metrics.acceptance_by_position(steps.accepted_tokens.tolist(), steps.draft_depth.tolist(),
+                                            steps.step.tolist())
+    return {position: share for position, share in enumerate(shares, start=1)}
 
 
 def accepted_by_source(run_dir: Path) -> dict:

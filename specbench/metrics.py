@@ -94,6 +94,21 @@ def accepted_draft_tokens(accept_lengths: Iterable[int]) -> int:
     return int(sum(length - 1 for length in accept_lengths if length > 0))
 
 
+def acceptance_by_position(accept_lengths: Sequence[int], draft_depths: Sequence[int],
+                           steps: Sequence[int]) -> list[float]:
+    """Acceptance per draft position: entry i - 1 is the share of decoding steps whose verified draft reached
+    position i (a chain's i-th token; a tree's depth i) that accepted a token there (accepted path at least i
+    deep). The prefill (step 0) is excluded; positions no step reached are left off.
+
+    >>> [round(share, 2) for share in acceptance_by_position([1, 3, 1, 2], [0, 4, 4, 2], [0, 1, 2, 3])]
+    [0.67, 0.33, 0.0, 0.0]
+    """
+    depths = np.array([depth for depth, step in zip(draft_depths, steps) if step > 0], dtype=np.int64)
+    accepted = np.array([length - 1 for length, step in zip(accept_lengths, steps) if step > 0], dtype=np.int64)
+    reached = depths.max(initial=0)
+    return [float(np.mean(accepted[depths >= position] >= position)) for position in range(1, reached + 1)]
+
+
 def draft_seconds_per_step(draft_seconds: Sequence[float], steps: Sequence[int]) -> float:
     """Mean time in the drafter per decoding step, the prefill (step 0) excluded; NaN without decoding steps.
 

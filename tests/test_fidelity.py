@@ -30,6 +30,9 @@ PUBLISHED = {  # config -> {key: value as the original ran it}; docs/fidelity.md
     "recycling": {"template": "2.2.2", "top_k": 8, "hot_start": True, "learn_from_prompt": False,
                   "update_on_eos": False},
     "samd": {"n_predicts": 40, "len_threshold": 5, "len_bias": 5, "alpha": 4.0, "auxiliary": "recycling"},
+    "eagle": {"kind": "eagle", "tree": "static", "static_tree": "mc_sim_7b_63"},
+    "eagle2": {"kind": "eagle", "tree": "dynamic", "total_tokens": 60, "depth": 5, "top_k": 10},
+    "eagle3": {"kind": "eagle3", "tree": "dynamic", "total_tokens": 60, "depth": 5, "top_k": 10},
 }
 
 

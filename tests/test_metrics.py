@@ -152,3 +152,11 @@ def test_spec_bench_files_without_specbench_keys(tmp_path):
     assert overall.speedup == pytest.approx(1.75) and overall.mat == pytest.approx(37 / 12)
     assert overall[["acceptance_rate", "identical", "near_ties", "violations"]].isna().all()
     assert formatted(leaderboard(frame)).iloc[0]["identical"] == "-"
+
+
+def test_acceptance_by_position_counts_steps_whose_draft_reached_each_position():
+    # Decoding steps (the prefill is left out): a 4-deep draft accepting 2, a 4-deep one accepting none, a
+    # 2-deep one accepting 1; position 3 and 4 are reached by the two 4-deep drafts only.
+    shares = metrics.acceptance_by_position([1, 3, 1, 2], [0, 4, 4, 2], [0, 1, 2, 3])
+    assert shares == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
+    assert metrics.acceptance_by_position([1, 1], [0, 0], [0, 1]) == []  # plain decoding drafts nothing

@@ -8,7 +8,8 @@ import torch
 
 from specbench.decoding.contract import Draft, StepOutcome
 from specbench.decoding.loop import Decoder
-from specbench.drafters.recycling import TEMPLATES, TokenRecycling, TreeTemplate, recycle
+from specbench.decoding.tree import TreeTemplate
+from specbench.drafters.recycling import TEMPLATES, TokenRecycling, recycle
 from specbench.errors import SpecbenchError
 
 

@@ -94,9 +94,9 @@ def make(name, small):
 
 
 # opt-small, qwen-0.5b and wide-pruned draft with the same DraftModel class and, on tiny-random, the same pruned
-# draft as draft_model and sps; hd-chains and pld-hd are settings of the hd and pld drafters: they run behind the
-# slow marker (the contract test covers every config greedy).
-SAME_AS_DRAFT_MODEL = ("opt-small", "qwen-0.5b", "wide-pruned", "hd-chains", "pld-hd")
+# draft as draft_model and sps; hd-chains and pld-hd are settings of the hd and pld drafters; eagle2 is eagle's head
+# with eagle3's dynamic tree: they run behind the slow marker (the contract test covers every config greedy).
+SAME_AS_DRAFT_MODEL = ("opt-small", "qwen-0.5b", "wide-pruned", "hd-chains", "pld-hd", "eagle2")
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SAME_AS_DRAFT_MODEL else name

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
+from specbench.decoding.tree import TreeTemplate
 from specbench.drafters.base import require_positive
 from specbench.errors import SpecbenchError
 
@@ -64,42 +65,6 @@ TEMPLATES: dict[str, list[tuple[int, ...]]] = {
         (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 1, 0, 0), (1, 0, 0, 0, 0),
     ],
 }
-
-
-class TreeTemplate:
-    """A draft-tree template: per node its parent (draft numbering, -1 = the root) and its rank among its
-    siblings, plus the nodes grouped by depth so a draft is filled one level at a time."""
-
-    def __init__(self, paths: list[tuple[int, ...]]):
-        index = {path: i for i, path in enumerate(paths)}
-        if len(index) != len(paths):
-            raise ValueError("a tree template lists a node twice")
-        parents = []
-        for i, path in enumerate(paths):
-            parent = index.get(path[:-1], -1) if len(path) > 1 else -1
-            if len(path) > 1 and not 0 <= parent < i:
-                raise ValueError(f"template node {list(path)} comes before its parent or has none")
-            parents.append(parent)
-        self.parents = np.array(parents, dtype=np.int64)
-        self.ranks = np.array([path[-1] for path in paths], dtype=np.int64)
-        depths = np.array([len(path) for path in paths], dtype=np.int64)
-        self.levels = [np.flatnonzero(depths == depth) for depth in range(1, int(depths.max()) + 1)]
-        self.width = int(self.ranks.max()) + 1
-
-    def __len__(self) -> int:
-        return int(self.parents.size)
-
-    def expand(self, root_token: int, successors: np.ndarray) -> np.ndarray:
-        """The template's tokens under ``root_token``: each node is its parent token's successor at its rank.
-
-        Example: successors rows 5 -> [7, 8], 7 -> [9, 0], template [(0,), (1,), (0, 0)], root 5 -> [7, 8, 9].
-        """
-        tokens = np.empty(len(self), dtype=np.int64)
-        for level in self.levels:
-            parents = self.parents[level]
-            parent_tokens = np.where(parents < 0, root_token, tokens[np.maximum(parents, 0)])
-            tokens[level] = successors[parent_tokens, self.ranks[level]]
-        return tokens
 
 
 def recycle(successors: np.ndarray, tokens: np.ndarray, top_ids: np.ndarray) -> None:
