@@ -51,3 +51,12 @@ def no_match_draft(token: int | None) -> Draft:
     if token is None:
         return Draft.empty()
     return Draft(torch.tensor([token], dtype=torch.int64), sources=("no-match",))
+
+
+def chosen_or_listed(chosen: dict, listed: dict, key: str) -> dict | None:
+    """The model a drafter config names itself (``chosen`` with a ``hub_id`` or ``path``), else the entry of
+    ``listed`` for ``key`` (the target's family or name); None when neither has one (the caller names the fix)."""
+    if any(chosen.get(field) for field in ("hub_id", "path")):
+        return chosen
+    return listed.get(key) or None
+

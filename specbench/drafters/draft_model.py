@@ -18,7 +18,7 @@ from specbench.targets.kv_cache import TreeKVCache
 from specbench.targets.transformers import cache_keyword, forward_with_cache
 from specbench.decoding.sampling import Sampling, target_distribution
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.drafters.base import require_positive
+from specbench.drafters.base import chosen_or_listed, require_positive
 from specbench.errors import SpecbenchError
 
 log = logging.getLogger(__name__)
@@ -68,10 +68,8 @@ class DraftModel(Drafter):
     # ---- loading ------------------------------------------------------------------------------------
 
     def _spec_for(self, target) -> dict:
-        if any(self.model_spec.get(key) for key in ("hub_id", "path")):
-            return self.model_spec
-        spec = self.drafts_by_family.get(target.family)
-        if not spec:
+        spec = chosen_or_listed(self.model_spec, self.drafts_by_family, target.family)
+        if spec is None:
             known = ", ".join(sorted(self.drafts_by_family)) or "none"
             raise SpecbenchError(
                 f"drafter={self.name} knows no draft model for {target.name} (family {target.family!r}; it knows "

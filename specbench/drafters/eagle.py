@@ -31,7 +31,7 @@ import torch
 
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.tree import TreeTemplate
-from specbench.drafters.base import require_choice, require_positive
+from specbench.drafters.base import chosen_or_listed, require_choice, require_positive
 from specbench.drafters.draft_model import plain
 from specbench.errors import SpecbenchError
 
@@ -182,10 +182,8 @@ class Eagle(Drafter):
     # ---- loading ------------------------------------------------------------------------------------
 
     def _spec_for(self, target) -> dict:
-        if any(self.head_spec.get(key) for key in ("hub_id", "path")):
-            return self.head_spec
-        spec = self.heads_by_model.get(target.name)
-        if not spec:
+        spec = chosen_or_listed(self.head_spec, self.heads_by_model, target.name)
+        if spec is None:
             known = ", ".join(sorted(self.heads_by_model)) or "none"
             raise SpecbenchError(
                 f"drafter={self.name} knows no {self.kind} head for model {target.name} (it knows {known}); pass "
