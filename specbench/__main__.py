@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from specbench.interrupts import INTERRUPTED, Interrupts  # standard library only: imports fast
+from specbench.interrupts import INTERRUPTED, Interrupts, follows_interrupt  # standard library only: imports fast
 
 USER_ERROR = 2
 
@@ -83,6 +83,12 @@ def _print_refusal(error: BaseException) -> bool:
     return True
 
 
+def _report_interrupt(output_dir: str, opened: list) -> None:
+    _interrupts.report(f"\nspecbench: interrupted; finished questions are saved in {output_dir}; run the same "
+                       "command again to resume" if opened else "specbench: interrupted before the run started")
+    sys.exit(INTERRUPTED)  # through Hydra's job to cli, which ends the process
+
+
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     global _task_started
@@ -104,10 +110,10 @@ def main(cfg: DictConfig) -> None:
         print(f"specbench: error: {error}", file=sys.stderr)
         sys.exit(USER_ERROR)
     except KeyboardInterrupt:
-        _interrupts.report(f"\nspecbench: interrupted; finished questions are saved in {output_dir}; run the same "
-                           "command again to resume" if opened else "specbench: interrupted before the run started")
-        sys.exit(INTERRUPTED)  # through Hydra's job to cli, which ends the process
+        _report_interrupt(output_dir, opened)
     except Exception as error:  # the last resort: a write refused where no code expected it is still one line
+        if follows_interrupt(error):  # cleanup that the interrupt cut short failed in turn: still the interrupt
+            _report_interrupt(output_dir, opened)
         if not _print_refusal(error):
             raise
         sys.exit(USER_ERROR)

@@ -297,10 +297,10 @@ def sampled_answers(target, prompts: list[str], per_prompt: int, temperature: fl
                             {"source": target.source, "prompts": prompts, "per_prompt": per_prompt,
                              "temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens,
                              "batch_size": batch_size})
-    from specbench.target_answers import _read_answers
+    from specbench.target_answers import read_answers
 
     return load_or_rebuild(directory, f"sampled answer set of {target.name}",
-                           lambda: _read_answers(directory, len(jobs)),
+                           lambda: read_answers(directory, len(jobs)),
                            lambda: _sample_into(directory, target, jobs, temperature, seed, max_new_tokens,
                                                 batch_size))
 
@@ -308,21 +308,21 @@ def sampled_answers(target, prompts: list[str], per_prompt: int, temperature: fl
 def _sample_into(directory: Path, target, jobs: list[str], temperature: float, seed: int, max_new_tokens: int,
                  batch_size: int) -> None:
     from specbench.artefacts import replace_directory
-    from specbench.target_answers import ANSWERS_FILE, _append, _line, _whole_rows
+    from specbench.target_answers import ANSWERS_FILE, append_answers, answer_line, whole_rows
 
     staging = directory.with_name(f"{directory.name}.partial")
-    pairs = _whole_rows(staging, len(jobs))
+    pairs = whole_rows(staging, len(jobs))
     done = len(pairs) if len(pairs) == len(jobs) else len(pairs) // batch_size * batch_size
     if done < len(pairs):  # the rows of a batch whose writing was killed: sampled again, with its own seed
         pairs = pairs[:done]
         staging.unlink()
-        _append(staging, pairs)
+        append_answers(staging, pairs)
     for begin in tqdm(range(done, len(jobs), batch_size), desc=f"{target.name} sampling answers", unit="batch"):
         batch = _sample_batch(target, jobs[begin:begin + batch_size], temperature, max_new_tokens,
                               seed * 1_000_003 + begin // batch_size)
-        _append(staging, batch)
+        append_answers(staging, batch)
         pairs += batch
-    lines = "".join(_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs)
+    lines = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs)
     replace_directory(directory, lambda version: (version / ANSWERS_FILE).write_text(lines, encoding="utf-8"),
                       {"kind": "sampled target answers", "model": {"name": target.name, "source": target.source},
                        "answers": len(pairs), "temperature": temperature, "seed": seed,

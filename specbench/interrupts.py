@@ -142,12 +142,29 @@ class Interrupts:
         except KeyboardInterrupt:
             # A progress bar may have left the cursor inside its line: the interrupt's line starts a new one.
             self.report(f"\n{self.message}")
+        except Exception as error:
+            if not follows_interrupt(error):
+                raise
+            self.report(f"\n{self.message}")
         except SystemExit:
             if not self.reported:
                 raise
         finally:
             self.shutting_down()
         self.leave()
+
+
+def follows_interrupt(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a KeyboardInterrupt unwound: library cleanup code that the interrupt
+    cut short can fail in turn (OmegaConf's ``flag_override`` restoring flags on a half-built config raises an
+    AttributeError), and that failure is the interrupt's, to be reported as one."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _raised_by(traceback, function) -> bool:

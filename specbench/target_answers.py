@@ -81,7 +81,7 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
                             {"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens})
     # One job generates while another waits and then reads what it published (see artefacts.build_lock for the
     # ranks of a torchrun job, which generate together).
-    return load_or_rebuild(directory, f"answer set of {target.name}", lambda: _read_answers(directory, len(prompts)),
+    return load_or_rebuild(directory, f"answer set of {target.name}", lambda: read_answers(directory, len(prompts)),
                            lambda: _generate_into(directory, target, prompts, max_new_tokens, batch_size))
 
 
@@ -93,15 +93,15 @@ def _generate_into(directory: Path, target, prompts: list[str], max_new_tokens: 
     if earlier.is_file() and not staging.exists():
         log.info("the answers in %s (written without a checksum) are taken over into %s", earlier, directory)
         # Copied, not renamed: every rank of a torchrun job resumes from it, in step.
-        _append(staging, _whole_rows(earlier, len(prompts), cut=False))
-    pairs = _whole_rows(staging, len(prompts))
+        append_answers(staging, whole_rows(earlier, len(prompts), cut=False))
+    pairs = whole_rows(staging, len(prompts))
 
     def save(batch):
-        _append(staging, batch)
+        append_answers(staging, batch)
         pairs.extend(batch)
 
     generate_answers(target, prompts, max_new_tokens, batch_size, on_batch=save, done=len(pairs))
-    lines = "".join(_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs)
+    lines = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs)
     replace_directory(directory, lambda version: (version / ANSWERS_FILE).write_text(lines, encoding="utf-8"),
                       {"kind": "target answers", "model": {"name": target.name, "source": target.source},
                        "answers": len(pairs), "max_new_tokens": max_new_tokens})
@@ -110,7 +110,7 @@ def _generate_into(directory: Path, target, prompts: list[str], max_new_tokens: 
             leftover.unlink(missing_ok=True)
 
 
-def _read_answers(directory: Path, expected: int) -> list[tuple[list[int], list[int]]]:
+def read_answers(directory: Path, expected: int) -> list[tuple[list[int], list[int]]]:
     """The (prompt ids, answer ids) of published answers, checked whole (``artefacts.verify_files``: the size,
     and the SHA-256 when its times changed, that manifest.json recorded) and holding ``expected`` rows of
     non-negative token ids; otherwise a one-line SpecbenchError."""
@@ -129,7 +129,7 @@ def _read_answers(directory: Path, expected: int) -> list[tuple[list[int], list[
     return pairs
 
 
-def _line(prompt_ids, answer_ids) -> str:
+def answer_line(prompt_ids, answer_ids) -> str:
     return json.dumps({"prompt_ids": list(prompt_ids), "answer_ids": list(answer_ids)}) + "\n"
 
 
@@ -145,7 +145,7 @@ def _pair(line: bytes) -> tuple[list[int], list[int]] | None:
     return pair if valid else None
 
 
-def _whole_rows(file: Path, limit: int, cut: bool = True) -> list[tuple[list[int], list[int]]]:
+def whole_rows(file: Path, limit: int, cut: bool = True) -> list[tuple[list[int], list[int]]]:
     """The rows of a staging file (or an earlier answers file) up to the first that is not whole and valid, at
     most ``limit``. What follows them (the half line of an interrupted write, or damage) is not trusted: with
     ``cut`` it is cut off, so that the next batch is appended right after the last whole row."""
@@ -170,10 +170,10 @@ def _whole_rows(file: Path, limit: int, cut: bool = True) -> list[tuple[list[int
     return pairs
 
 
-def _append(staging: Path, pairs) -> None:
+def append_answers(staging: Path, pairs) -> None:
     """Append the rows of one batch to ``staging``. A write the filesystem refuses part-way (a full disk) is cut
     back to where the file ended, so the batch is kept whole or not at all, and is one line naming the file."""
-    data = "".join(_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs).encode("utf-8")
+    data = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs).encode("utf-8")
     try:
         handle = os.open(staging, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as error:
