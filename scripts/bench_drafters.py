@@ -51,7 +51,7 @@ from specbench.settings import TUNING_SUFFIXES  # noqa: E402
 
 POSITIONS_SHOWN = 8  # columns of the per-position acceptance table
 TUNINGS = {suffix: f"run.{key}=auto" for key, suffix in TUNING_SUFFIXES}  # "+budget" -> run.draft_budget=auto
-FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains", "recycling", "samd", "eagle", "eagle2", "eagle3"]
+FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains", "recycling", "samd", "suffix", "eagle", "eagle2", "eagle3"]
 MEASURES = (  # (summary key or column, format, title)
     ("speedup", "{:.2f}x", "speedup over AR (* fastest)"),
     ("mean_accepted_tokens", "{:.2f}", "mean accepted tokens (prefill included, bonus token included)"),
@@ -158,7 +158,7 @@ def main() -> None:
     if labelled:
         shares = sources[labelled].div(sources.sum(axis=1), axis=0).loc[lambda t: t.sum(axis=1) > 0]
         print("\naccepted draft tokens by source (HD's databases; SAM-Decoding's and the hybrid's context, corpus "
-              "and recycling; share of all accepted draft tokens)\n" + shares.map(lambda value: f"{value:.3f}").to_string())
+              "and recycling; SuffixDecoding's request and responses trees; share of all accepted draft tokens)\n" + shares.map(lambda value: f"{value:.3f}").to_string())
 
     positions = pd.DataFrame({name: acceptance_by_position(Path(args.out) / name) for name in methods}).T
     if not positions.empty:

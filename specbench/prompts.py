@@ -8,6 +8,7 @@ question, the model's own first answer and the second question, as in Spec-Bench
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 from specbench.errors import SpecbenchError
 
@@ -28,14 +29,32 @@ class PromptFormat(ABC):
         """Token ids for ``questions`` (user turns) and ``answers`` (one fewer: the model's earlier answers)."""
 
 
-class ChatTemplate(PromptFormat):
-    """The tokenizer's own chat template (Hugging Face ``apply_chat_template``)."""
+# What ChatTemplate.encode hands apply_chat_template itself (the conversation, as the template's ``messages``, and
+# the three keywords below): a chat_template_kwargs entry of one of these names would collide with it.
+RESERVED_TEMPLATE_KEYWORDS = ("add_generation_prompt", "conversation", "messages", "return_dict", "tokenize")
 
-    def __init__(self, tokenizer, system_message: str | None = None):
+
+class ChatTemplate(PromptFormat):
+    """The tokenizer's own chat template (Hugging Face ``apply_chat_template``).
+
+    ``template_kwargs`` are variables for the template beside the conversation (Qwen3's ``enable_thinking``,
+    Llama-3.1's ``date_string``); each must be a variable the template reads, where its text can be read
+    (``chat_template_variables``), since a keyword the template never reads is silently ignored.
+    """
+
+    def __init__(self, tokenizer, system_message: str | None = None, template_kwargs: Mapping | None = None):
         super().__init__(tokenizer)
         if not getattr(tokenizer, "chat_template", None):
             raise SpecbenchError("prompt_format=chat_template, but the tokenizer has no chat template")
         self.system_message = system_message
+        self.template_kwargs = check_chat_template_kwargs("chat_template", template_kwargs)
+        variables = chat_template_variables(tokenizer) if self.template_kwargs else None
+        unread = sorted(set(self.template_kwargs) - variables) if variables is not None else []
+        if unread:
+            readable = sorted(variables - set(RESERVED_TEMPLATE_KEYWORDS) - set(_JINJA_GLOBALS))
+            raise SpecbenchError(f"{', '.join(f'model.chat_template_kwargs.{key}' for key in unread)}: not read by "
+                                 f"the tokenizer's chat template; the variables it reads: "
+                                 f"{', '.join(readable) or 'none beside the conversation'}")
 
     def encode(self, questions, answers):
         messages = [{"role": "system", "content": self.system_message}] if self.system_message else []
@@ -44,8 +63,62 @@ class ChatTemplate(PromptFormat):
             if index < len(answers):
                 messages.append({"role": "assistant", "content": answers[index]})
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=True)
+                                                     return_dict=True, **self.template_kwargs)
         return list(encoded["input_ids"])
+
+
+# Names a template reads that its environment defines, Jinja's (range, dict, namespace, ...) and transformers'
+# (raise_exception, strftime_now): no keyword of the template's own.
+_JINJA_GLOBALS = ("cycler", "dict", "joiner", "lipsum", "namespace", "range", "raise_exception", "strftime_now")
+
+
+def chat_template_variables(tokenizer) -> frozenset[str] | None:
+    """The variables a tokenizer's chat template reads from outside (Jinja's undeclared names: ``messages``,
+    ``add_generation_prompt``, ``bos_token``, ``enable_thinking``, ...), or None where that cannot be told: several
+    named templates without a default, or a template plain Jinja cannot parse (transformers' own
+    ``{% generation %}`` tag)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        template = tokenizer.get_chat_template()
+    except ValueError:  # several named templates and none called "default": apply_chat_template refuses it too
+        return None
+    try:
+        return frozenset(meta.find_undeclared_variables(jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+                                                        .parse(template)))
+    except jinja2.TemplateError:  # e.g. a syntax error on a tag plain Jinja does not know
+        return None
+
+
+def check_chat_template_kwargs(prompt_format: str, chat_template_kwargs) -> dict:
+    """``model.chat_template_kwargs`` as a plain dict, refused in one line for what is wrong before anything
+    loads: not a mapping of variable names, set for a prompt format that has no template, or naming what
+    specbench passes itself (RESERVED_TEMPLATE_KEYWORDS). Whether the template reads each: ``ChatTemplate``."""
+    if chat_template_kwargs is None:
+        return {}
+    chat_template_kwargs = _plain(chat_template_kwargs)
+    if not isinstance(chat_template_kwargs, Mapping) or not all(
+            isinstance(key, str) and key.isidentifier() for key in chat_template_kwargs):
+        raise SpecbenchError(f"model.chat_template_kwargs must map chat-template variable names to values, e.g. "
+                             f"{{enable_thinking: false}}, got {chat_template_kwargs!r}")
+    if chat_template_kwargs and prompt_format != "chat_template":
+        raise SpecbenchError(f"model.chat_template_kwargs ({', '.join(chat_template_kwargs)}) is read only with "
+                             f"model.prompt_format=chat_template, not {prompt_format}; set it to {{}} or null")
+    reserved = sorted(set(chat_template_kwargs) & set(RESERVED_TEMPLATE_KEYWORDS))
+    if reserved:
+        raise SpecbenchError(f"model.chat_template_kwargs.{reserved[0]} is passed by specbench itself; a key may be "
+                             f"any template variable but {', '.join(RESERVED_TEMPLATE_KEYWORDS)}")
+    return dict(chat_template_kwargs)
+
+
+def _plain(value):
+    """An OmegaConf node (Hydra passes nested config so) as plain dicts and lists; anything else as it is."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # scripts/gpu_check.py runs without omegaconf
+        return value
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
 class Vicuna(PromptFormat):
@@ -88,12 +161,22 @@ class Plain(PromptFormat):
 PROMPT_FORMATS = {"chat_template": ChatTemplate, "vicuna": Vicuna, "llama2": Llama2Chat, "plain": Plain}
 
 
-def make_prompt_format(name: str, tokenizer, system_message: str | None = None) -> PromptFormat:
-    if name not in PROMPT_FORMATS:
-        raise SpecbenchError(f"model.prompt_format={name!r} is not known; choose one of {', '.join(PROMPT_FORMATS)}")
+def make_prompt_format(name: str, tokenizer, system_message: str | None = None,
+                       chat_template_kwargs: Mapping | None = None) -> PromptFormat:
+    check_prompt_arguments(name, chat_template_kwargs)
     if name == "chat_template":
-        return ChatTemplate(tokenizer, system_message)
+        return ChatTemplate(tokenizer, system_message, chat_template_kwargs)
     return PROMPT_FORMATS[name](tokenizer)
+
+
+def check_prompt_arguments(prompt_format: str = "chat_template", chat_template_kwargs=None, **others) -> None:
+    """Refuse, in one line, a ``model.prompt_format`` that is not known or ``model.chat_template_kwargs`` it cannot
+    take; the loaders' ``check_arguments`` (config.check_group_values runs it before anything loads). The other
+    arguments (``others``) are checked where they are used."""
+    if prompt_format not in PROMPT_FORMATS:
+        raise SpecbenchError(f"model.prompt_format={prompt_format!r} is not known; choose one of "
+                             f"{', '.join(PROMPT_FORMATS)}")
+    check_chat_template_kwargs(prompt_format, chat_template_kwargs)
 
 
 def too_long_for_context(question_id, turn: int, prompt_tokens: int, model_name: str, max_context: int) -> str:

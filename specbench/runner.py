@@ -14,6 +14,7 @@ import time
 import zlib
 from pathlib import Path
 
+import numpy as np
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -589,12 +590,18 @@ def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, 
     questions, so it warms that drafter up for timing only."""
     prompt_ids = first_turn_ids(model, pending[0])
     budget = min(settings.warmup_max_new_tokens, model.max_context - len(prompt_ids))
-    state_warm_up = teach_state and drafter.state() is not None
+    state = drafter.state()
+    state_warm_up = teach_state and state is not None and drafter.warm_up_teaches
+    # A state the warm-up must not teach is put back afterwards (a copy: state() may hand out live arrays).
+    untaught = None if state is None or drafter.warm_up_teaches else {key: np.array(value, copy=True)
+                                                                      for key, value in state.items()}
     for _ in range(settings.warmup_runs):
         for which in (baseline,) if state_warm_up else (drafter, baseline):
             decoder.generate(prompt_ids, which, budget)
     if state_warm_up:
         _warm_up_state(settings, model, decoder, drafter, pending[0])
+    if untaught is not None:
+        drafter.restore(untaught)
     latency_file = run_path / "verify_latency.json"
     saved = processes.share(saved_latencies(latency_file))
     latencies = calibrate(settings, model, decoder, prompt_ids, measured=saved)

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -18,6 +19,25 @@ def specbench(*overrides, env=None):
         [sys.executable, "-m", "specbench", *overrides], capture_output=True, text=True, timeout=600,
         env={**os.environ, **(env or {})},
     )
+
+
+def assert_a_resumed_run_continues_the_state(tmp_path, drafter: str, state_key: str) -> None:
+    """A run of 2 questions, and the same run stopped after 1 and resumed, end with the same saved drafter state
+    (``state_key`` of drafter_state.npz) and accept the same tokens: what carries across questions resumes."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    # One task, so that the split run answers the questions in the uninterrupted run's order.
+    common = [*TINY, f"drafter={drafter}", "task.tasks=[qa]", "task.limit_per_task=2"]
+    assert specbench(*common, f"hydra.run.dir={whole}").returncode == 0
+    assert specbench(*common[:-1], "task.limit_per_task=1", f"hydra.run.dir={split}").returncode == 0
+    # Extending the question set is not a settings change (task.limit_per_task is not compared): it resumes.
+    result = specbench(*common, f"hydra.run.dir={split}")
+    assert result.returncode == 0, result.stderr
+    with np.load(whole / "drafter_state.npz") as a, np.load(split / "drafter_state.npz") as b:
+        assert np.array_equal(a[state_key], b[state_key])
+        assert sorted(a["_questions"].tolist()) == sorted(b["_questions"].tolist())
+    lengths = [[json.loads(line)["choices"][0]["accept_lengths"] for line in (run / "answers.jsonl").open()]
+               for run in (whole, split)]
+    assert lengths[0] == lengths[1]
 
 
 def read_jsonl(path):

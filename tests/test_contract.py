@@ -4,6 +4,8 @@ The reference is transformers' own generate(); the extremes (a drafter that is a
 always wrong) pin the acceptance counts, not only the text.
 """
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -15,12 +17,21 @@ from specbench.decoding.loop import Decoder, VerifyShapes
 from specbench.decoding.contract import Draft, Drafter
 
 DRAFTERS = group_options("drafter")
+# tiny-random's other architectures (model.architecture), the Qwen2.5 and Qwen3 targets'; the tests above run its Llama.
+OTHER_ARCHITECTURES = ("qwen2", "qwen3")
 
 
-def make_drafter(name, target):
-    drafter = instantiate(compose([f"drafter={name}", "model=tiny-random"]).drafter)
+def make_drafter(name, target, overrides=()):
+    drafter = instantiate(compose([f"drafter={name}", "model=tiny-random", *overrides]).drafter)
     drafter.prepare(target)
     return drafter
+
+
+@functools.cache
+def tiny_of(architecture: str):
+    """tiny-random as ``model=tiny-random model.architecture=...`` builds it (once per session)."""
+    return instantiate(compose(["model=tiny-random", f"model.architecture={architecture}"]).model, device="cpu",
+                       linear_backend="auto")
 
 
 def check_records(generation, drafter):
@@ -56,6 +67,32 @@ def test_eos_inside_the_output_ends_decoding_exactly_like_greedy(name, tiny, pro
             assert generation.token_ids == expected
             assert generation.finish_reason == "eos"
             check_records(generation, drafter)
+
+
+@pytest.mark.parametrize("architecture", OTHER_ARCHITECTURES)
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_every_configured_drafter_matches_greedy_decoding_on_the_other_architectures(name, architecture, prompt_ids):
+    """The Qwen2 and Qwen3 models (biased projections, per-head norms) under every drafter: short runs to a length
+    and one to an EOS inside the output. HD's model database is built from fewer, shorter answers than its config
+    says, which changes what it drafts, not whether the output is greedy's."""
+    target = tiny_of(architecture)
+    overrides = (["drafter.model_db_build.max_prompts=8", "drafter.model_db_build.max_new_tokens=32"]
+                 if "model_db_build" in compose([f"drafter={name}"]).drafter else [])
+    drafter = make_drafter(name, target, overrides)
+    decoder = Decoder(target.backend, frozenset(), max_draft_tokens=64)
+    for ids in prompt_ids:
+        expected = greedy_reference(target.model, ids, 24)
+        generation = decoder.generate(ids, drafter, 24)
+        assert generation.token_ids == expected
+        assert generation.finish_reason == "length"
+        check_records(generation, drafter)
+    ids = prompt_ids[0]
+    eos = greedy_reference(target.model, ids, 24)[9]
+    expected = greedy_reference(target.model, ids, 24, [eos])
+    generation = Decoder(target.backend, frozenset([eos]), 64).generate(ids, drafter, 24)
+    assert generation.token_ids == expected and expected[-1] == eos
+    assert generation.finish_reason == "eos"
+    check_records(generation, drafter)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)

@@ -1,6 +1,5 @@
 """Token Recycling: the templates, the matrix's expansion and update, the hot start and its persistence."""
 
-import json
 
 import numpy as np
 import pytest
@@ -152,19 +151,6 @@ def test_the_loop_hands_the_drafter_the_targets_top_k_of_every_prompt_position(t
 
 
 def test_a_resumed_run_continues_from_the_saved_matrix(tmp_path):
-    from test_cli import TINY, specbench
+    from test_cli import assert_a_resumed_run_continues_the_state
 
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    # One task, so that the split run answers the questions in the uninterrupted run's order.
-    common = [*TINY, "drafter=recycling", "task.tasks=[qa]", "task.limit_per_task=2"]
-    assert specbench(*common, f"hydra.run.dir={whole}").returncode == 0
-    assert specbench(*common[:-1], "task.limit_per_task=1", f"hydra.run.dir={split}").returncode == 0
-    # Extending the question set is not a settings change (task.limit_per_task is not compared): it resumes.
-    result = specbench(*common, f"hydra.run.dir={split}")
-    assert result.returncode == 0, result.stderr
-    with np.load(whole / "drafter_state.npz") as a, np.load(split / "drafter_state.npz") as b:
-        assert np.array_equal(a["successors"], b["successors"])
-        assert sorted(a["_questions"].tolist()) == sorted(b["_questions"].tolist())
-    lengths = [[json.loads(line)["choices"][0]["accept_lengths"] for line in (run / "answers.jsonl").open()]
-               for run in (whole, split)]
-    assert lengths[0] == lengths[1]
+    assert_a_resumed_run_continues_the_state(tmp_path, "recycling", "successors")

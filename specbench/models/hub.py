@@ -11,6 +11,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 from specbench.models.placement import choose_placement
+from specbench.prompts import check_prompt_arguments
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,13 @@ def load_pretrained(
     family: str | None = None,
     tp_plan: str | None = None,
     device_map=None,
+    chat_template_kwargs: dict | None = None,
 ) -> LoadedModel:
     """A model by local directory (``path``) or Hugging Face hub id (``hub_id``).
 
     A hub id is first looked up in the local Hugging Face cache, so runs work offline once the model has
-    been downloaded; only when it is missing is the hub asked.
+    been downloaded; only when it is missing is the hub asked. ``chat_template_kwargs``: keywords for the
+    tokenizer's chat template (``prompt_format=chat_template`` only), e.g. Qwen3's ``{enable_thinking: false}``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -84,7 +87,10 @@ def load_pretrained(
                 raise refusal from download_error
             raise SpecbenchError(_unavailable_message(name, hub_id)) from download_error
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source, linear_backend,
-                          family, placement.kind)
+                          family, placement.kind, chat_template_kwargs)
+
+
+load_pretrained.check_arguments = check_prompt_arguments  # config.check_group_values calls it before anything loads
 
 
 CHECKPOINT_FILES = ("a checkpoint directory holds config.json, the weights (*.safetensors or pytorch_model*.bin) and "

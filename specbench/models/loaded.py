@@ -126,6 +126,9 @@ def weights_fingerprint(model: torch.nn.Module, samples_per_tensor: int = 4096) 
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:
+    """Every EOS id the checkpoint names, a run stopping at the first of any: its generation_config's (one id or a
+    list: Llama-3.1-Instruct's lists <|end_of_text|>, <|eom_id|> and <|eot_id|>, Qwen's <|im_end|> and
+    <|endoftext|>), its config's and its tokenizer's, which may differ from both."""
     ids = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
         value = getattr(source, "eos_token_id", None)
@@ -138,10 +141,10 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
 
 
 def finish_loading(name, model, tokenizer, prompt_format, system_message, device, source, linear_backend,
-                   family=None, placement: str = "single") -> LoadedModel:
+                   family=None, placement: str = "single", chat_template_kwargs=None) -> LoadedModel:
     """The last steps of every loader: move the model to ``device`` in eval mode (unless ``placement`` says
     accelerate or tensor parallelism placed it already), choose its linear kernels, and wrap it with its prompt
-    format, EOS ids and context length."""
+    format (``chat_template_kwargs``: the chat template's keywords), EOS ids and context length."""
     if placement == "single":
         model.to(device)
     elif linear_backend == "onednn":
@@ -156,7 +159,7 @@ def finish_loading(name, model, tokenizer, prompt_format, system_message, device
         name=name,
         model=model,
         tokenizer=tokenizer,
-        prompt_format=make_prompt_format(prompt_format, tokenizer, system_message),
+        prompt_format=make_prompt_format(prompt_format, tokenizer, system_message, chat_template_kwargs),
         eos_token_ids=_eos_ids(model, tokenizer),
         max_context=int(getattr(text_config, "max_position_embeddings", 2048)),
         source=source,

@@ -1,4 +1,5 @@
-"""The tiny random model built in memory, for tests and quick checks of every drafter."""
+"""The tiny random model built in memory, for tests and quick checks of every drafter: a Llama, or a Qwen2 or
+Qwen3 of the same sizes (the architectures of the Qwen2.5 and Qwen3 targets)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ from specbench.settings import MAX_SEED
 
 # The model is built in float32 on the host first, whatever model.dtype asks for.
 BUILD_BYTES_PER_PARAMETER = 4
+# model.architecture -> transformers' config and model classes. Qwen2 adds biases to the query, key and value
+# projections; Qwen3 drops them and normalizes each head's queries and keys (q_norm, k_norm).
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
+# The rotary base of the Qwen2.5 and Qwen3 checkpoints (their config.json's rope_theta).
+QWEN_ROPE_THETA = 1_000_000.0
 
 
 def build_tiny_random(
@@ -36,23 +46,33 @@ def build_tiny_random(
     family: str | None = "tiny-random",
     tp_plan: str | None = None,
     device_map=None,
+    architecture: str = "llama",
 ) -> LoadedModel:
-    """A small Llama with random weights over a byte-level vocabulary, built in memory (no files).
+    """A small Llama (or, by ``architecture``, Qwen2 or Qwen3) with random weights over a byte-level vocabulary,
+    built in memory (no files).
 
     Its text is gibberish, but its greedy choices are deterministic, so it exercises every code path of
     drafting and verification in milliseconds. A small ``initializer_range`` makes greedy output loop, which
     gives n-gram drafters something to find. ``alphabet`` (e.g. "abcdef") replaces the 256 bytes by those
     characters, for a vocabulary small enough that sampled distributions can be checked exactly.
     ``tp_plan`` / ``device_map``: loaded again through ``from_pretrained`` with that placement (tests of tensor
-    parallelism and of accelerate's placement).
+    parallelism and of accelerate's placement). ``architecture``: ``llama``, ``qwen2`` or ``qwen3`` (ARCHITECTURES),
+    same-architecture stand-ins for targets that cannot be downloaded here; the Qwen ones take the Qwen
+    checkpoints' rotary base.
     """
     check_tiny_random(hidden_size=hidden_size, intermediate_size=intermediate_size, num_layers=num_layers,
                       num_heads=num_heads, num_kv_heads=num_kv_heads, max_context=max_context,
-                      initializer_range=initializer_range, seed=seed, alphabet=alphabet)
-    from transformers import LlamaConfig, LlamaForCausalLM
+                      initializer_range=initializer_range, seed=seed, alphabet=alphabet, architecture=architecture)
+    import transformers
 
+    config_class, model_class = (getattr(transformers, class_name) for class_name in ARCHITECTURES[architecture])
     tokenizer = ByteTokenizer() if alphabet is None else CharTokenizer(alphabet)
-    config = LlamaConfig(
+    own = {}
+    if architecture != "llama":
+        own["rope_parameters"] = {"rope_type": "default", "rope_theta": QWEN_ROPE_THETA}
+    if architecture == "qwen3":  # Qwen3Config's own default is 128, the 8B's
+        own["head_dim"] = hidden_size // num_heads
+    config = config_class(
         vocab_size=tokenizer.vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -65,28 +85,36 @@ def build_tiny_random(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
+        **own,
     )
     config._attn_implementation = "sdpa"
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = LlamaForCausalLM(config).to(resolve_dtype(dtype, torch.device("cpu")))
+        model = model_class(config).to(resolve_dtype(dtype, torch.device("cpu")))
     finally:
         torch.random.set_rng_state(generator_state)
     torch_device = resolve_device(device)
     placement = choose_placement(name, tp_plan, device_map, torch_device)
     model = load_placed(model, placement, model.dtype)
-    source = f"random:seed={seed}" + (f":alphabet={alphabet}" if alphabet else "")
+    # Cached drafts, answers and trained heads are keyed by the source: whatever changes the weights is in it.
+    shape = f"{hidden_size}x{intermediate_size}x{num_layers}x{num_heads}x{num_kv_heads}"
+    source = (f"random:seed={seed}:shape={shape}:init={initializer_range}"
+              + (f":architecture={architecture}" if architecture != "llama" else "")
+              + (f":alphabet={alphabet}" if alphabet else ""))
     return finish_loading(name, model, tokenizer, prompt_format, None, torch_device, source, linear_backend,
                           family, placement.kind)
 
 
 def check_tiny_random(hidden_size: int = 64, intermediate_size: int = 128, num_layers: int = 2, num_heads: int = 4,
                       num_kv_heads: int = 2, max_context: int = 8192, initializer_range: float = 0.2, seed: int = 0,
-                      alphabet: str | None = None, **others) -> None:
+                      alphabet: str | None = None, architecture: str = "llama", **others) -> None:
     """Refuse, with one line naming the key, the value and what is valid, a ``build_tiny_random`` argument that
     transformers or the decoding would fail on later (in LlamaConfig, in the first attention, or out of memory);
     builds nothing. The other arguments (``others``) are checked where they are used."""
+    if not isinstance(architecture, str) or architecture not in ARCHITECTURES:
+        raise SpecbenchError(f"model.architecture={architecture!r} is not known; choose one of "
+                             f"{', '.join(ARCHITECTURES)}")
     for key, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
                        ("num_layers", num_layers), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
         _require_int(key, value, minimum=1)
@@ -101,7 +129,8 @@ def check_tiny_random(hidden_size: int = 64, intermediate_size: int = 128, num_l
                              f"got {alphabet!r}")
     # Before the shapes' divisibility, so that an absurd size is refused without factoring it.
     vocab_size = (ByteTokenizer() if alphabet is None else CharTokenizer(alphabet)).vocab_size
-    parameters = tiny_parameter_count(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads)
+    parameters = tiny_parameter_count(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
+                                      architecture)
     needed, available = parameters * BUILD_BYTES_PER_PARAMETER, available_memory_bytes()
     if available is not None and needed > available:
         raise SpecbenchError(f"model.hidden_size={hidden_size}, model.intermediate_size={intermediate_size} and "
@@ -122,12 +151,15 @@ def check_tiny_random(hidden_size: int = 64, intermediate_size: int = 128, num_l
 
 
 def tiny_parameter_count(vocab_size: int, hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int,
-                         num_kv_heads: int) -> int:
-    """Parameters of the tiny Llama: input embeddings and an untied output layer, and per layer the query, key,
-    value and output projections, the gated MLP's three matrices and two norms; then the final norm."""
-    kv_size = num_kv_heads * (hidden_size // num_heads)
+                         num_kv_heads: int, architecture: str = "llama") -> int:
+    """Parameters of the tiny model: input embeddings and an untied output layer, and per layer the query, key,
+    value and output projections, the gated MLP's three matrices and two norms; then the final norm. Qwen2 adds
+    the query, key and value biases, Qwen3 a query and a key norm of one head's width."""
+    head_dim = hidden_size // num_heads
+    kv_size = num_kv_heads * head_dim
     per_layer = 2 * hidden_size * hidden_size + 2 * hidden_size * kv_size + 3 * hidden_size * intermediate_size \
         + 2 * hidden_size
+    per_layer += {"qwen2": hidden_size + 2 * kv_size, "qwen3": 2 * head_dim}.get(architecture, 0)
     return 2 * vocab_size * hidden_size + num_layers * per_layer + hidden_size
 
 
