@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from specbench.artefacts import cache_root  # noqa: E402
 from specbench.decoding.contract import Draft, StepOutcome  # noqa: E402
-from specbench.drafters.suffix import SuffixDecoding, _children, speculate  # noqa: E402
+from specbench.drafters.suffix import SuffixDecoding, _children, match_ends, speculate  # noqa: E402
 
 REFERENCE = "arctic-inference==0.1.1"  # vLLM's pin (vllm/config/speculative.py _validate_suffix_decoding)
 NANOBIND = "nanobind==2.9.2"  # the reference's build requirement (its pyproject.toml)
@@ -128,11 +128,7 @@ def a_tie_break_away(drafter: SuffixDecoding, context: np.ndarray, theirs) -> bo
     if length < 1 or not theirs.token_ids:
         return False
     for tree in (drafter.local, drafter.global_tree):
-        tokens = tree.tokens
-        ends = tree.ends_of(int(pattern[-1]))
-        for back in range(2, length + 1):
-            ends = ends[ends >= back - 1]
-            ends = ends[tokens[ends - (back - 1)] == pattern[-back]]
+        tokens, ends = tree.tokens, match_ends(tree, pattern, length)
         prob, fits, tied = np.float32(1.0), ends.size > 0, False
         for token, their_prob in zip(theirs.token_ids, theirs.probs):
             if not fits:

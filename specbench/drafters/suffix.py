@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +78,20 @@ class TokenSequences:
             self._buffer = grown
         self._buffer[self._length : needed] = tokens
         self._length = needed
+
+    def sequences(self) -> list[np.ndarray]:
+        """Each sequence's tokens (views into the buffer), oldest first."""
+        starts = np.concatenate(([0], np.cumsum(np.array(self.lengths[:-1], dtype=np.int64) + 1)))
+        return [self.tokens[start : start + length] for start, length in zip(starts.tolist(), self.lengths)]
+
+    @staticmethod
+    def of(sequences) -> "TokenSequences":
+        """A buffer holding ``sequences`` in order."""
+        built = TokenSequences()
+        for sequence in sequences:
+            built.start()
+            built.extend(sequence)
+        return built
 
     def ends_of(self, token: int) -> np.ndarray:
         """Positions holding ``token``: the ends of its one-token occurrences."""
@@ -181,6 +194,21 @@ def speculate_tree(tokens: np.ndarray, ends: np.ndarray, max_tokens: int, min_to
     return draft
 
 
+def _one_token_longer(tokens: np.ndarray, ends: np.ndarray, pattern: np.ndarray, match_len: int) -> np.ndarray:
+    """Of the occurrences of ``pattern``'s last ``match_len - 1`` tokens (ending at ``ends``), those that match
+    its last ``match_len``: one token further back."""
+    ends = ends[ends >= match_len - 1]
+    return ends[tokens[ends - (match_len - 1)] == pattern[-match_len]]
+
+
+def match_ends(sequences: TokenSequences, pattern: np.ndarray, match_len: int) -> np.ndarray:
+    """Where the last ``match_len`` tokens of ``pattern`` occur in ``sequences`` (the positions of their ends)."""
+    ends = sequences.ends_of(int(pattern[-1]))
+    for length in range(2, match_len + 1):
+        ends = _one_token_longer(sequences.tokens, ends, pattern, length)
+    return ends
+
+
 def speculate(sequences: TokenSequences, pattern: np.ndarray, max_depth: int, max_spec_tokens: int,
               max_spec_factor: float, max_spec_offset: float, min_token_prob: float,
               tree: bool = False) -> SuffixDraft:
@@ -194,9 +222,8 @@ def speculate(sequences: TokenSequences, pattern: np.ndarray, max_depth: int, ma
         return best
     ends = sequences.ends_of(int(pattern[-1]))
     for match_len in range(1, pattern.size):
-        if match_len > 1:  # keep the occurrences that also match one token further back
-            ends = ends[ends >= match_len - 1]
-            ends = ends[tokens[ends - (match_len - 1)] == pattern[-match_len]]
+        if match_len > 1:
+            ends = _one_token_longer(tokens, ends, pattern, match_len)
         if ends.size == 0:
             break
         scaled = float(np.float32(match_len) * np.float32(max_spec_factor) + np.float32(max_spec_offset))
@@ -253,10 +280,14 @@ class SuffixDecoding(Drafter):
         self.tree_spec = tree_spec
         self.warm_up_teaches = warm_up_teaches
         self.local = TokenSequences()  # the current request's prompt and output
-        self.responses: deque[np.ndarray] = deque()  # the global tree's finished responses, oldest first
-        self.global_tree = TokenSequences()  # those responses, then the open request's response
-        self._current: list[int] = []  # the open request's response so far
+        self.global_tree = TokenSequences()  # the cached responses, oldest first, then the open request's
         self._open = False  # whether a request is open (its response the global tree's last sequence)
+
+    @property
+    def responses(self) -> list[np.ndarray]:
+        """The global tree's finished responses, oldest first (the open request's is not one yet)."""
+        sequences = self.global_tree.sequences()
+        return sequences[:-1] if self._open else sequences
 
     # ---- one request per turn: the prompt into a fresh per-request tree, the response into both ---------
 
@@ -265,14 +296,11 @@ class SuffixDecoding(Drafter):
         self.local.extend(prompt_ids)
         if self.max_cached_requests == 0:
             return
-        if self._open:
-            self.responses.append(np.asarray(self._current, dtype=np.int64))
-        self._current = []
+        self._open = False  # the previous request's response is a finished one now
         # The new request takes a slot of the cache too (cache.py _generate_seq_id, _maybe_evict_requests).
-        if len(self.responses) > self.max_cached_requests - 1:
-            while len(self.responses) > self.max_cached_requests - 1:
-                self.responses.popleft()
-            self._rebuild_global()
+        kept = self.max_cached_requests - 1
+        if len(self.global_tree.lengths) > kept:
+            self.global_tree = TokenSequences.of(self.responses[len(self.global_tree.lengths) - kept:])
         self.global_tree.start()
         self._open = True
 
@@ -280,15 +308,6 @@ class SuffixDecoding(Drafter):
         self.local.extend(accepted_ids)
         if self.max_cached_requests > 0:
             self.global_tree.extend(accepted_ids)
-            self._current.extend(int(t) for t in accepted_ids)
-
-    def _rebuild_global(self) -> None:
-        """The global tree of ``self.responses`` alone (after an eviction or a restore)."""
-        self.global_tree = TokenSequences()
-        for response in self.responses:
-            self.global_tree.start()
-            self.global_tree.extend(response)
-        self._current, self._open = [], False
 
     def propose(self, context_ids: np.ndarray) -> Draft:
         pattern = context_ids[-self.max_tree_depth:]
@@ -310,20 +329,15 @@ class SuffixDecoding(Drafter):
     def state(self) -> dict[str, np.ndarray] | None:
         if self.max_cached_requests == 0:
             return None
-        responses = list(self.responses)
-        if self._open:
-            responses.append(np.asarray(self._current, dtype=np.int64))
-        lengths = np.array([len(response) for response in responses], dtype=np.int64)
-        tokens = np.concatenate(responses) if responses else np.empty(0, dtype=np.int64)
-        return {"response_tokens": tokens, "response_lengths": lengths}
+        lengths = np.array(self.global_tree.lengths, dtype=np.int64)
+        tokens = self.global_tree.tokens
+        return {"response_tokens": tokens[tokens != BOUNDARY].copy(), "response_lengths": lengths}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         tokens, lengths = state["response_tokens"], state["response_lengths"]
         if lengths.ndim != 1 or (lengths < 0).any() or int(lengths.sum()) != tokens.size:
             raise SpecbenchError(f"the saved SuffixDecoding responses do not add up: lengths sum to "
                                  f"{int(lengths.sum())} tokens, {tokens.size} saved")
-        bounds = np.concatenate(([0], np.cumsum(lengths)))
-        self.responses = deque(tokens[start:end].astype(np.int64) for start, end in zip(bounds[:-1], bounds[1:]))
-        while len(self.responses) > self.max_cached_requests:
-            self.responses.popleft()
-        self._rebuild_global()
+        bounds = np.concatenate(([0], np.cumsum(lengths)))[-self.max_cached_requests - 1:]
+        self.global_tree = TokenSequences.of(tokens[start:end] for start, end in zip(bounds[:-1], bounds[1:]))
+        self._open = False
