@@ -1,10 +1,17 @@
 """``python -m analysis COMMAND RUNS...``: tables, throughput model, figures and an HTML report from runs.
 
-    python -m analysis tables runs/ --format md            # Spec-Bench leaderboard (md, latex, csv)
+    python -m analysis tables runs/ --format md            # Spec-Bench leaderboard, then vLLM's acceptance figures
+    python -m analysis tables runs/ --table acceptance --format csv   # one of the two tables
     python -m analysis throughput runs/                    # DSD throughput model: predicted vs measured
     python -m analysis figures runs/ --out figures/        # every figure, PNG and PDF
     python -m analysis report runs/ --out report.html      # one offline HTML page with all of it
     python -m analysis tables runs/ --spec-bench method.jsonl baseline.jsonl vicuna-7b eagle
+    python -m analysis compare runs/ --published spec-bench  # measured MAT and speedup beside published ones
+
+compare's --published is a source id of specbench/data/published_results.csv (spec-bench, hd, recycling, samd,
+dsd), "all", or a CSV file of the same columns; --published-model MODEL keeps that model's tables (by default
+the run's own model's where published, else all); --task TASK (repeatable) keeps those tasks (and "overall");
+--figure PATH also draws measured vs published MAT as a PNG.
 
 RUNS are run directories or folders holding them (a multirun's sweep folder, or runs/). --spec-bench adds
 Spec-Bench's own model_answer files (a method's and its baseline's, with a model and method name).
@@ -42,15 +49,20 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402  (after the interrupt handler, on purpose)
 import pandas as pd  # noqa: E402
 
+from analysis.compare import compare_table, compare_text, mat_figure, mat_pairs  # noqa: E402
 from analysis.figures import make_all  # noqa: E402
+from analysis.published import of_model, select_published  # noqa: E402
 from analysis.report import build_report  # noqa: E402
 from analysis.runs import load_runs, read_spec_bench, untrusted_runs  # noqa: E402
-from analysis.tables import leaderboard, render  # noqa: E402
-from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements, token_costs  # noqa: E402
+from analysis.tables import acceptance_table, leaderboard, render, render_acceptance  # noqa: E402
+from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirements_text,  # noqa: E402
+                                 token_costs)
+from specbench.data import TASKS  # noqa: E402
 from specbench.errors import SpecbenchError, storage_refusal  # noqa: E402
 
 USER_ERROR = 2  # as specbench's own entry point: a problem with the input, explained in one line
 SHOWN_PROBLEMS = 3  # problems quoted in the one line that says nothing usable is left
+TABLES = ("leaderboard", "acceptance")  # what `tables` prints (--table picks one)
 OUT_KINDS = {"tables": "file", "report": "file", "figures": "folder"}  # what --out names, per command
 DEFAULT_OUT = {"report": "report.html", "figures": "figures"}
 
@@ -119,7 +131,8 @@ def print_throughput(table: pd.DataFrame) -> None:
     run would need to match the best of its model."""
     pd.set_option("display.width", 250)
     percent = {column: (lambda v: "-" if np.isnan(v) else f"{100 * v:+.1f}%") for column in ("calib_dev", "loo_dev")}
-    print(table[SHOWN_COLUMNS].to_string(index=False, formatters=percent, float_format=lambda v: f"{v:.3f}"))
+    print(table[SHOWN_COLUMNS].to_string(index=False, formatters=percent, na_rep="-",
+                                         float_format=lambda v: f"{v:.3f}"))
     print("\npredicted: tokens / (measured draft + predicted T_target + measured overhead); T_target from the "
           "run's calibration (calib)\nor from the other runs of the same model/device/dtype/threads, weights, "
           "machine and software (loo); "
@@ -130,7 +143,7 @@ def print_throughput(table: pd.DataFrame) -> None:
         print("\ntiming UNTRUSTED (summary.json flags a busy machine; the numbers are as measured, not comparable):")
         print("\n".join(f"  {line}" for line in flagged))
     print("\nwhat each run would need to match the best of its model (all else equal):")
-    print(requirements(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(requirements_text(table))
 
 
 def print_token_costs(table: pd.DataFrame) -> None:
@@ -154,13 +167,25 @@ class _MessageFormat(logging.Formatter):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("tables", "throughput", "figures", "report"))
+    parser.add_argument("command", choices=("tables", "throughput", "figures", "report", "compare"))
     parser.add_argument("runs", nargs="*", help="run directories or folders holding them (default: runs, unless "
                         "--spec-bench files are given)")
     parser.add_argument("--format", choices=("md", "latex", "csv"), default="md", help="for tables")
+    parser.add_argument("--table", choices=TABLES, default=None, help="for tables: only the leaderboard (Spec-Bench's "
+                        "per-task speedup and MAT) or only the acceptance table (both speedups, vLLM's mean "
+                        "acceptance length and rate, acceptance per position, time per token); default both, "
+                        "but csv needs one (default leaderboard)")
     parser.add_argument("--out", default=None, help="output file (tables, report) or folder (figures)")
     parser.add_argument("--spec-bench", nargs=4, action="append", default=[],
                         metavar=("METHOD_JSONL", "BASELINE_JSONL", "MODEL", "METHOD"))
+    parser.add_argument("--published", default="spec-bench", help="for compare: a source id (spec-bench, hd, "
+                        "recycling, samd, dsd), all, or a CSV file of published numbers")
+    parser.add_argument("--published-model", default=None, metavar="MODEL", help="for compare: only the published "
+                        "tables of MODEL (e.g. vicuna-7b)")
+    parser.add_argument("--task", action="append", choices=(*TASKS, "overall"), default=None,
+                        help="for compare: only this task (repeatable)")
+    parser.add_argument("--figure", default=None, metavar="PATH", help="for compare: also draw measured vs "
+                        "published MAT as a PNG at PATH")
     args = parser.parse_args(argv)
     args.runs = args.runs or ([] if args.spec_bench else ["runs"])
 
@@ -191,7 +216,14 @@ def run_command(args: argparse.Namespace) -> None:
     out = args.out or DEFAULT_OUT.get(args.command)
     if out is not None and args.command in OUT_KINDS:
         check_out(out, OUT_KINDS[args.command])
-    loaded = load_runs(args.runs, with_steps=args.command != "tables")  # tables need no steps: no warnings about them
+    if args.command == "compare" and args.figure:
+        check_out(args.figure, "file")
+    published = of_model(select_published(args.published), args.published_model) if args.command == "compare" else None
+    # The leaderboard and compare need no steps (no warnings about them); the acceptance table reads the draft
+    # depths of runs whose records lack them from their steps.
+    needs_steps = args.command not in ("tables", "compare") or (args.command == "tables" and args.table != "leaderboard"
+                                                               and args.format != "csv")
+    loaded = load_runs(args.runs, with_steps=needs_steps)
     questions = loaded.questions
     extra = [read_spec_bench(*files) for files in args.spec_bench]
     questions = pd.concat([questions, *extra], ignore_index=True) if extra else questions
@@ -203,7 +235,7 @@ def run_command(args: argparse.Namespace) -> None:
     steps = loaded.steps
 
     if args.command == "tables":
-        text = render(leaderboard(questions), args.format)
+        text = tables_text(questions, args.format, args.table)
         if out:
             with writing(Path(out)):
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -219,9 +251,42 @@ def run_command(args: argparse.Namespace) -> None:
             print(path)
         for reason in skipped:
             print(f"skipped: {reason}", file=sys.stderr)
+    elif args.command == "compare":
+        print_compare(questions, published, args.figure, args.task)
     else:
         with writing(Path(out)):
             print(build_report(questions, steps, Path(out), problems=loaded.problems))
+
+
+def tables_text(questions: pd.DataFrame, fmt: str, which: str | None) -> str:
+    """The leaderboard and the acceptance table (``analysis.tables``) in ``fmt``, or the one ``which`` names;
+    a CSV holds one table, the leaderboard unless ``which`` says otherwise."""
+    if fmt == "csv":
+        which = which or "leaderboard"
+    shown = []
+    if which in (None, "leaderboard"):
+        shown.append(render(leaderboard(questions), fmt))
+    if which in (None, "acceptance"):
+        shown.append(render_acceptance(acceptance_table(questions), fmt))
+    return "\n".join(shown)
+
+
+def print_compare(questions: pd.DataFrame, published: pd.DataFrame, figure: str | None,
+                  tasks: list[str] | None = None) -> None:
+    """Measured beside published (``analysis.compare``), of ``tasks`` only when given, and the MAT figure when
+    ``figure`` names a file; with no MAT pair to draw, the figure is skipped with a line on stderr rather than
+    failing after the table."""
+    table = compare_table(questions, published)
+    if tasks:
+        table = table[table.task.isin(tasks)].reset_index(drop=True)
+    print(compare_text(table, questions, published))
+    if figure is None:
+        return
+    if mat_pairs(table).empty:
+        print(f"skipped: {figure}: no measured method has a published MAT in this selection", file=sys.stderr)
+        return
+    with writing(Path(figure)):
+        print(mat_figure(table, Path(figure)))
 
 
 if __name__ == "__main__":

@@ -4,30 +4,169 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
+from analysis.display import (MISSING, PAGE_PX, TableLayout, environment_rows, reader_name, render_table,
+                              split_by_part)
 from analysis.figures import make_all
-from analysis.runs import untrusted_runs
-from analysis.tables import formatted, leaderboard
-from analysis.throughput import SHOWN_COLUMNS, deviation_summary, model_table, requirements, token_costs
+from analysis.runs import read_run_json, read_summary, untrusted_runs
+from analysis.compare import AGREEMENT, compare_table, mat_figure, mat_pairs
+from analysis.published import select_published
+from analysis.tables import (ACCEPTANCE_LEGEND, acceptance_cells, acceptance_headers, acceptance_table, formatted,
+                             leaderboard)
+from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirement_notes, requirements,
+                                 shown_requirements, shown_token_costs, token_cost_notes, token_costs)
+from specbench.data import TASKS
+from specbench.errors import SpecbenchError
 
-STYLE = """
-body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
-table { border-collapse: collapse; font-size: 13px; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
-img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
-.note { color: #666; font-size: 13px; }
-.warning { border-left: 4px solid #c00; padding: 0.3em 0.8em; background: #fff3f3; }
+STYLE = f"""
+body {{ font-family: sans-serif; max-width: {PAGE_PX}px; margin: 2em auto; padding: 0 1em; color: #222; }}
+table {{ border-collapse: collapse; font-size: 13px; margin: 1em 0 0.3em; }}
+caption {{ text-align: left; font-weight: bold; padding: 0.3em 0; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }}
+td {{ white-space: nowrap; }} td.prose {{ white-space: normal; }} .num {{ text-align: right; }}
+th {{ background: #f3f3f3; }}
+img {{ max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }}
+.note, .legend {{ color: #666; font-size: 13px; }} .legend {{ margin: 0 0 1.2em; }}
+.warning {{ border-left: 4px solid #c00; padding: 0.3em 0.8em; background: #fff3f3; }}
 """
 
+# The environment fields every run shows (summary.json's ``environment``), and those shown only when recorded.
+ENVIRONMENT_FIELDS = ("device", "dtype", "threads", "git_sha", "python", "torch", "transformers", "specbench", "cuda")
+OPTIONAL_ENVIRONMENT_FIELDS = ("cuda_driver", "cuda_device_count", "cuda_visible_devices", "gpus", "gpus_not_used")
+ENVIRONMENT_HEADERS = (("device", "machine (CPU or GPU)"),)
+# Where a run's summary.json has no environment (older schemas), run.json still records these.
+RUN_JSON_FIELDS = ("dtype", "threads")
 
-def _table_html(frame: pd.DataFrame, float_format="{:.3f}") -> str:
-    return frame.to_html(index=False, border=0, float_format=lambda v: float_format.format(v))
+LEADERBOARD_PARTS = {"speedup": "Speedup over AR per task (mean ± standard deviation over repeated runs)",
+                     "MAT": "Mean accepted tokens (MAT) per task"}
+LEADERBOARD_MISSING = "not measured: the runs have no paired AR baseline, or did not record this"
+THROUGHPUT_LAYOUT = TableLayout(
+    families=(("calib_target_ms", "loo_target_ms"), ("measured_tps", "calib_tps", "loo_tps", "calib_dev", "loo_dev")),
+    missing=(("calib_", "no calibration (the run has no verify_latency.json)"),
+             ("loo_", "no leave-one-out prediction (no other run of the same model, device, dtype, threads and "
+                      "software)"),
+             ("dsd_form_tps", "no predicted T target (neither a calibration nor another run to predict from)")))
+REQUIREMENTS_LAYOUT = TableLayout(missing_default="no predicted T target (neither a calibration nor another run)")
+
+
+def run_environment(run_dir: str) -> dict:
+    """A run's recorded environment: summary.json's ``environment``, with dtype and threads from run.json where
+    the summary lacks them; {} when the run directory records none (Spec-Bench's own files)."""
+    path = Path(run_dir)
+    environment = {}
+    try:
+        recorded = read_summary(path).get("environment") if (path / "summary.json").is_file() else None
+        environment = dict(recorded) if isinstance(recorded, dict) else {}
+        settings = read_run_json(path) if (path / "run.json").is_file() else {}
+    except SpecbenchError:
+        return environment
+    for key in RUN_JSON_FIELDS:
+        if environment.get(key) is None and settings.get(key) is not None:
+            environment[key] = settings[key]
+    return environment
+
+
+def run_names(run_dirs) -> dict[str, str]:
+    """Each run directory -> its path below the folder all of them share (``bench-eagle/eagle``), or its own
+    name when alone: short, and still unique."""
+    paths = [Path(run_dir) for run_dir in run_dirs]
+    if len(paths) < 2:
+        return {str(path): path.name for path in paths}
+    common = Path(os.path.commonpath([str(path) for path in paths]))
+    return {str(path): str(path.relative_to(common)) or path.name for path in paths}
+
+
+def environment_section(run_dirs) -> str:
+    """The machine, device, dtype, threads, commit and software the runs were made with: what they share, then
+    one row per distinct environment naming its runs."""
+    names = run_names(run_dirs)
+    shared, differing = environment_rows({names[str(run)]: run_environment(run) for run in run_dirs},
+                                         ENVIRONMENT_FIELDS, OPTIONAL_ENVIRONMENT_FIELDS)
+    layout = TableLayout(id_columns=(), headers=ENVIRONMENT_HEADERS,
+                         missing_default="not recorded, or none (a CPU run has no CUDA)")
+    parts = ["<h2>Environment</h2>"]
+    if shared:
+        caption = "Shared by every run" if not differing.empty else "Every run"
+        parts.append(render_table(pd.DataFrame([shared]), caption, layout))
+    if not differing.empty:
+        parts.append(render_table(differing, "Differing between runs (one row per environment)", layout))
+    return "".join(parts)
+
+
+def leaderboard_section(questions: pd.DataFrame) -> str:
+    """The Spec-Bench leaderboard as one table per statistic (speedup, MAT, and whatever else it holds), tasks
+    as columns, then its overall counts."""
+    shown = formatted(leaderboard(questions))
+    tasks = [*TASKS, "overall"]
+    ids = ("model", "label", "timing")
+    tables, rest = split_by_part(shown, tasks, list(ids))
+    headers = tuple((task, reader_name(task)) for task in tasks)
+    parts = []
+    for part, table in tables:
+        caption = LEADERBOARD_PARTS.get(part, f"{reader_name(part)} per task")
+        parts.append(render_table(table, caption, TableLayout(id_columns=ids, headers=headers,
+                                                              missing_default=LEADERBOARD_MISSING)))
+    if len(rest.columns) > len([column for column in ids if column in rest.columns]):
+        parts.append(render_table(rest, "Outputs identical to AR, over all questions, and runs per configuration",
+                                  TableLayout(id_columns=ids, missing_default=LEADERBOARD_MISSING)))
+    return "".join(parts)
+
+
+def acceptance_section(questions: pd.DataFrame) -> str:
+    """Both speedup definitions, MAT beside vLLM's mean acceptance length and acceptance rate, acceptance per
+    draft position and the time per output token (``analysis.tables.acceptance_table``), per configuration."""
+    table = acceptance_cells(acceptance_table(questions))
+    layout = TableLayout(id_columns=("model", "label", "timing"), headers=tuple(acceptance_headers().items()),
+                         missing_default="not known for these runs (no paired baseline, or records without draft "
+                                         "depths)")
+    return (render_table(table, "Acceptance, both speedups and time per output token, over all questions", layout)
+            + f"<p class='legend'>{html.escape(ACCEPTANCE_LEGEND)}</p>")
+
+
+COMPARE_SHOWN = {"label": "method", "table": "published table", "method": "published as", "mat": "MAT",
+                 "mat_published": "published MAT", "mat_ratio": "MAT ratio", "speedup": "speedup",
+                 "speedup_published": "published speedup", "speedup_ratio": "speedup ratio",
+                 "same_hardware": "same hardware"}
+
+
+def compare_section(questions: pd.DataFrame, published: pd.DataFrame, scratch: Path) -> str:
+    """Overall MAT and speedup beside Spec-Bench's leaderboard (``analysis.compare``), the published tables it
+    refers to, the settings that differ, and the figure of measured against published MAT."""
+    table = compare_table(questions, published)
+    overall = table[table.task == "overall"]
+    if overall.empty:
+        return ("<h2>Measured beside published</h2><p class='note'>No measured method has a number in Spec-Bench's "
+                "leaderboard (python -m analysis compare --published all for every transcribed source).</p>")
+    shown = overall[list(COMPARE_SHOWN)].copy()
+    for column in ("speedup", "speedup_published"):
+        shown[column] = [MISSING if pd.isna(value) else f"{value:.2f}x" for value in shown[column]]
+    # What differs from each published table (model, hardware, dtype, questions) is the same for every method
+    # measured against it, so it is said once per table; a tuned method's own difference is its label.
+    lines = []
+    for number, rows in overall.groupby("table", sort=False):
+        row = rows.iloc[0]
+        differs = "; ".join(part for part in str(row.differs).split("; ") if part and not part.startswith("method:"))
+        lines.append(f"{number} = {row.source}: {row.reference} ({row.published_hardware}, {row.published_model})"
+                     + (f". Differs: {differs}." if differs else "."))
+    parts = ["<h2>Measured beside published</h2>",
+             f"<p class='note'>{html.escape(AGREEMENT.replace('rows with hw DIFF (or ?)', 'rows whose same hardware is no (or a dash)'))} "
+             "Overall figures; per task: <code>python -m analysis compare RUNS</code>.</p>",
+             render_table(shown, "Overall, against Spec-Bench's leaderboard",
+                          TableLayout(id_columns=("label",), headers=tuple(COMPARE_SHOWN.items()),
+                                      missing_default="the published table has no such number (Spec-Bench's "
+                                                      "leaderboard gives MAT overall only)")),
+             _notes(lines)]
+    if not mat_pairs(table).empty:
+        figure = mat_figure(table, scratch / "published_vs_measured_mat.png")
+        data = base64.b64encode(figure.read_bytes()).decode()
+        parts.append(f"<img alt='published vs measured MAT' src='data:image/png;base64,{data}'>")
+    return "".join(parts)
 
 
 def _warning_box(heading: str, lines: list[str]) -> str:
@@ -35,14 +174,22 @@ def _warning_box(heading: str, lines: list[str]) -> str:
             + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul></div>")
 
 
+def _notes(lines: list[str]) -> str:
+    return "".join(f"<p class='note'>{html.escape(line)}</p>" for line in lines)
+
+
 def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = "specbench report",
                  problems: list[str] | tuple = ()) -> Path:
     """Write ``out`` (an .html file) and return it. Runs whose timings are flagged as untrustworthy (busy
     machine) are listed in a box at the top and marked in the tables; ``problems`` (``LoadedRuns.problems``:
     runs and files left out, and why) are listed in another."""
+    runs = sorted(questions.run_dir.unique())
     sections = [f"<h1>{html.escape(title)}</h1>",
                 f"<p class='note'>Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from "
-                f"{questions.run_dir.nunique()} run(s), {len(questions)} question records.</p>"]
+                f"{questions.run_dir.nunique()} run(s), {len(questions)} question records. "
+                f"{MISSING} in a table: no value; the legend under each table says why.</p>"]
+    if runs:
+        sections.append(environment_section(runs))
     flagged = untrusted_runs(questions)
     if flagged:
         sections.append(_warning_box(
@@ -58,36 +205,49 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
                      "over repeated runs of a configuration: runs count as repeats only when every result-affecting "
                      "setting of their run.json and their set of questions match; otherwise their labels say what "
                      "differs.</p>",
-                     _table_html(formatted(leaderboard(questions)))]
+                     leaderboard_section(questions),
+                     "<h2>Acceptance and latency</h2>",
+                     "<p class='note'>The figures other tools report, under their names and definitions "
+                     "(specbench/metrics.py; docs/measurement.md says where they part).</p>",
+                     acceptance_section(questions)]
+        with tempfile.TemporaryDirectory() as scratch:
+            sections.append(compare_section(questions, select_published("spec-bench"), Path(scratch)))
     if not steps.empty:
         table = model_table(steps)
+        needs = requirements(table)
+        costs = token_costs(questions, steps)
         sections += ["<h2>Throughput model</h2>",
                      "<p class='note'>The simplified model of \"Decoding Speculative Decoding\", checked on each run "
                      "with the target's latency measured outside it. Over decoding steps (the prefill excluded): "
                      "measured tokens/s = accepted tokens / (draft + verify + overhead seconds); predicted = "
-                     "accepted tokens / (draft + T_target + overhead), with the run's own measured draft and "
-                     "overhead per step and T_target looked up at each step's verified-token count (the shape "
+                     "accepted tokens / (draft + T target + overhead), with the run's own measured draft and "
+                     "overhead per step and T target looked up at each step's verified-token count (the shape "
                      "run, padding included) in a table, interpolated between counts, no line fitted: "
-                     "<b>calib</b> from the run's calibration at its start (verify_latency.json), <b>loo</b> "
-                     "the mean verify time per count over the other runs of the same model, device, dtype and "
-                     "threads (and, where recorded, weights, machine and software versions). tokens_per_step "
-                     "is accepted tokens per decoding step, bonus included (not MAT, "
-                     "which counts the prefill too); loo_outside is the share of steps whose count the "
-                     "leave-one-out table lacks. dsd_form_tps is the paper's own form, tokens_per_step / "
-                     "(draft + T_target), without the overhead. Largest deviation of predicted from measured: "
+                     "<b>calib</b> from the run's calibration at its start (verify_latency.json), <b>LOO</b> "
+                     "(leave-one-out) the mean verify time per count over the other runs of the same model, device, "
+                     "dtype and threads (and, where recorded, weights, machine and software versions). Tokens per "
+                     "step are accepted tokens per decoding step, bonus included (not MAT, which counts the prefill "
+                     "too); \"steps outside the LOO table\" is the share of steps whose count the leave-one-out "
+                     "table lacks. The DSD form is the paper's own, tokens per step / (draft + T target), without "
+                     "the overhead. Largest deviation of predicted from measured: "
                      f"{html.escape(deviation_summary(table))}.</p>",
-                     _table_html(table[SHOWN_COLUMNS]),
+                     render_table(table[SHOWN_COLUMNS], "Measured and predicted, per run", THROUGHPUT_LAYOUT),
                      "<h3>What would match the best draft</h3>",
-                     "<p class='note'>With the leave-one-out T_target (else the calibration's), all else "
-                     "equal.</p>",
-                     _table_html(requirements(table)),
+                     "<p class='note'>With the leave-one-out T target (else the calibration's), all else "
+                     "equal: the draft time per step, or the accepted tokens per step, at which each run's "
+                     "predicted throughput would equal the best measured one of its model. \"cannot\": no draft "
+                     "time, not even zero, is fast enough; why, under the table.</p>",
+                     render_table(shown_requirements(needs), "Needed to match the best", REQUIREMENTS_LAYOUT),
+                     _notes(requirement_notes(needs)),
                      "<h3>Where an accepted token's time goes</h3>",
-                     "<p class='note'>ms per accepted token over the decoding steps: drafting; one_pass, what one "
-                     "AR pass costs divided by the accepted tokens per step (the acceptance term); extra_verify, "
+                     "<p class='note'>ms per accepted token over the decoding steps: drafting; one pass, what one "
+                     "AR pass costs divided by the accepted tokens per step (the acceptance term); extra verify, "
                      "the verify time beyond one AR pass (the cost of verifying the draft's tokens); overhead. "
-                     "speedup_bound is AR ms per token over their sum; needed_tokens_per_step_2x the acceptance "
-                     "a 2x speedup needs at these times.</p>",
-                     _table_html(token_costs(questions, steps))]
+                     "The speedup bound is AR ms per token over their sum; \"tokens per step for 2× speedup\" the "
+                     "acceptance a 2x speedup needs at these times (\"cannot\": more than a step verifies).</p>",
+                     render_table(shown_token_costs(costs), "ms per accepted token, per method",
+                                  TableLayout(id_columns=("label",))),
+                     _notes(token_cost_notes(costs))]
     with tempfile.TemporaryDirectory() as scratch:
         written, skipped = make_all(questions, steps, Path(scratch))
         images = [path for path in written if path.suffix == ".png"]
@@ -98,7 +258,6 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
             sections.append(f"<h3>{html.escape(path.stem.replace('_', ' '))}</h3><img src='data:image/png;base64,{data}'>")
         if skipped:
             sections.append("<p class='note'>Not drawn: " + html.escape("; ".join(skipped)) + "</p>")
-    runs = sorted(questions.run_dir.unique())
     sections += ["<h2>Runs</h2>", "<ul>" + "".join(f"<li>{html.escape(run)}</li>" for run in runs) + "</ul>"]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -53,10 +53,11 @@ RUN_COLUMNS = ["run_dir", "model", "drafter", "label", "trustworthy", "timing_wa
 # tokens_per_s: metrics.answer_rate; accept_lengths: the per-step list (MAT needs it); accepted, steps: its sum
 # and length; drafted: candidate draft tokens verified (None in records that lack the count); mismatch: how the
 # answer first differs from the baseline's (near_tie, violation, not_checked), None when it does not or when
-# the record does not say.
+# the record does not say; draft_depths: the per-step draft depths, parallel to accept_lengths (None in records
+# that lack them, unless the run's steps.parquet gives them).
 QUESTION_COLUMNS = [*RUN_COLUMNS, "question_id", "task", "category", "tokens", "seconds", "tokens_per_s",
                     "baseline_tokens", "baseline_seconds", "baseline_tokens_per_s", "identical", "mismatch",
-                    "accept_lengths", "accepted", "steps", "drafted"]
+                    "accept_lengths", "accepted", "steps", "drafted", "draft_depths"]
 
 # Schema 2 wrote the run.* settings flat at the top of run.json; schema 3 nests them under "run". These are
 # the flat keys that are run.* settings, so both layouts flatten to the same names.
@@ -484,17 +485,34 @@ def load_runs(paths, with_steps: bool = True) -> LoadedRuns:
     runs = _read_runs(find_run_dirs(paths, problems), problems, notes)
     rows, frames = [], []
     for run in runs:
-        if run.answers is not None:
-            rows += question_rows(run.answers, run.baseline, run.info)
+        run_rows = question_rows(run.answers, run.baseline, run.info) if run.answers is not None else []
+        rows += run_rows
         if with_steps:
             frame = _run_steps(run, problems)
             if frame is not None:
+                fill_draft_depths(run_rows, frame)
                 for column, value in reversed(list(run.info.items())):
                     frame.insert(0, column, [value] * len(frame))
                 frames.append(frame)
     questions = pd.DataFrame(rows, columns=QUESTION_COLUMNS)
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*RUN_COLUMNS, *STEP_COLUMNS])
     return LoadedRuns(questions, steps, problems, notes)
+
+
+def fill_draft_depths(rows: list[dict], steps: pd.DataFrame) -> None:
+    """Give the question rows whose records carry no draft depths (runs written before specbench recorded
+    them) those of the run's step records, in turn and step order, where they are as many as the accept
+    lengths (a question whose steps are incomplete keeps None)."""
+    missing = [row for row in rows if row["draft_depths"] is None]
+    if not missing or steps.empty:
+        return
+    ordered = steps.sort_values(["turn", "step"], kind="stable")
+    depths = {key: list(map(int, group.draft_depth))
+              for key, group in ordered.groupby(ordered.question_id.map(question_key), sort=False)}
+    for row in missing:
+        found = depths.get(question_key(row["question_id"]))
+        if found is not None and len(found) == len(row["accept_lengths"]):
+            row["draft_depths"] = found
 
 
 def load_questions(paths) -> pd.DataFrame:
@@ -553,6 +571,7 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
             "mismatch": metrics.answer_mismatch_kind(record),
             "accept_lengths": lengths, "accepted": sum(lengths), "steps": len(lengths),
             "drafted": metrics.answer_drafted_tokens(record),
+            "draft_depths": metrics.answer_draft_depths(record),
         })
     return rows
 

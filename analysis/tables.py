@@ -22,6 +22,16 @@ from specbench import metrics
 from specbench.data import TASKS
 
 STATS = ("speedup", "mat")
+TPOT_KEYS = ("tpot_ms", *(f"tpot_p{percentile}_ms" for percentile in metrics.TPOT_PERCENTILES))
+SHOWN_POSITIONS = 4  # draft positions the acceptance table shows (summary.json and the CSV hold them all)
+# The acceptance table's columns: (statistic of run_task_stats, its header). Definitions: specbench.metrics.
+ACCEPTANCE_COLUMNS = (
+    ("speedup", "speedup (ratio of means)"),
+    ("speedup_mean_of_ratios", "speedup (mean of ratios)"),
+    ("mat", "MAT"),
+    ("mean_acceptance_length", "mean acceptance length (vLLM)"),
+    ("acceptance_rate", "acceptance rate"),
+)
 RUNS = ("runs", "", "")  # the column counting the runs of a configuration
 EXACTNESS = ("questions", "identical", "near_ties", "violations")  # overall counts, summed over runs
 TIMING = ("timing", "", "")  # whether the runs' timings can be trusted (``timing_cell``)
@@ -37,6 +47,11 @@ def _number(value):
     return np.nan if value is None else value
 
 
+def _known_list(value):
+    """A frame cell that holds a list, or None (a missing list is None or NaN)."""
+    return value if isinstance(value, (list, tuple, np.ndarray)) else None
+
+
 def run_task_stats(questions: pd.DataFrame) -> pd.DataFrame:
     """Per run and task (plus "overall"), from the per-question rows of ``analysis.runs``: questions, speedup,
     mat, acceptance_rate, tokens_per_s, baseline_tokens_per_s (``metrics.statistics_of_questions``), and
@@ -47,9 +62,11 @@ def run_task_stats(questions: pd.DataFrame) -> pd.DataFrame:
         for task, part in [*group.groupby("task", sort=False), ("overall", group)]:
             paired = bool(part.baseline_tokens_per_s.notna().all())
             drafted = [None if _known(count) is None else int(count) for count in part.drafted]
+            depths = list(part.draft_depths) if "draft_depths" in part else None
             stats = metrics.statistics_of_questions(
                 list(part.tokens_per_s), list(part.accept_lengths), drafted,
-                list(part.baseline_tokens_per_s) if paired else None)
+                list(part.baseline_tokens_per_s) if paired else None,
+                None if depths is None else [None if _known_list(d) is None else list(d) for d in depths])
             counts = metrics.exactness_counts(
                 [None if _known(flag) is None else bool(flag) for flag in part.identical],
                 [_known(kind) for kind in part.mismatch])
@@ -58,6 +75,10 @@ def run_task_stats(questions: pd.DataFrame) -> pd.DataFrame:
                          "mat": stats["mean_accepted_tokens"], "acceptance_rate": _number(stats["acceptance_rate"]),
                          "tokens_per_s": stats["tokens_per_s"],
                          "baseline_tokens_per_s": _number(stats["baseline_tokens_per_s"]),
+                         "speedup_mean_of_ratios": _number(stats["speedup_mean_of_ratios"]),
+                         "mean_acceptance_length": _number(stats["mean_acceptance_length"]),
+                         "acceptance_by_position": stats["acceptance_by_position"],
+                         **{key: stats[key] for key in TPOT_KEYS},
                          **{key: _number(value) for key, value in counts.items()}})
     return pd.DataFrame(rows)
 
@@ -91,6 +112,79 @@ def leaderboard(questions: pd.DataFrame) -> pd.DataFrame:
     table[TIMING] = [cells[key] for key in table.index]
     table[TIMING_WARNINGS] = [warnings[key] for key in table.index]
     return table
+
+
+def acceptance_table(questions: pd.DataFrame, positions: int = SHOWN_POSITIONS) -> pd.DataFrame:
+    """Per configuration (model, label), over all its questions and averaged over its runs: both speedup
+    definitions, MAT beside vLLM's mean acceptance length, the acceptance rate (vLLM's draft acceptance rate),
+    the acceptance at draft positions 1 to ``positions`` (``metrics.acceptance_by_position``) and the time per
+    output token with its percentiles over questions. NaN where a run cannot know it (no baseline, no draft
+    depths, a position no draft reached)."""
+    overall = run_task_stats(questions)
+    overall = overall[overall.task == "overall"].copy()
+    for position in range(1, positions + 1):
+        overall[f"position_{position}"] = [
+            shares[position - 1] if _known_list(shares) is not None and len(shares) >= position else np.nan
+            for shares in overall.acceptance_by_position]
+    numeric = [key for key, _ in ACCEPTANCE_COLUMNS] + [f"position_{p}" for p in range(1, positions + 1)] + list(TPOT_KEYS)
+    table = overall.groupby(["model", "label"], sort=False)[numeric].mean()
+    cells = {key: timing_cell(runs.trustworthy) for key, runs in _runs_of(questions).groupby(["model", "label"])}
+    # The speedups and times of a run timed on a busy machine are marked as the leaderboard marks them.
+    table.insert(0, "timing", [cells[key] for key in table.index])
+    return table
+
+
+def acceptance_headers(positions: int = SHOWN_POSITIONS) -> dict[str, str]:
+    """The acceptance table's column names for a reader."""
+    return {**dict(ACCEPTANCE_COLUMNS), **{f"position_{p}": f"accepted at position {p}" for p in range(1, positions + 1)},
+            "tpot_ms": "ms / token", **{f"tpot_p{p}_ms": f"p{p} ms / token" for p in metrics.TPOT_PERCENTILES}}
+
+
+ACCEPTANCE_LEGEND = (
+    "speedup (ratio of means): mean tokens/s over the paired AR baseline's mean tokens/s, Spec-Bench's speed.py; "
+    "speedup (mean of ratios): the mean of the per-question speedups; MAT: tokens per target pass, the prefill and "
+    "the bonus token included (Spec-Bench); mean acceptance length (vLLM): 1 + accepted draft tokens per step that "
+    "verified a draft; acceptance rate: accepted over drafted tokens (vLLM's draft acceptance rate); accepted at "
+    "position i: the share of drafts reaching position i that were accepted there; ms / token: wall time over "
+    "new tokens per question, mean and percentiles over questions (the prefill included, unlike vLLM's TPOT); "
+    "-: not known for that run (no baseline, or records without draft depths)")
+
+
+def acceptance_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """``acceptance_table`` as text cells (model and label as columns): speedups as "1.70x", times with one
+    decimal, the rest with two, "-" where unknown; the timing column only when a run's timings are flagged."""
+    shown = table.reset_index()
+    if not shown.timing.astype(str).str.startswith(TIMING_UNTRUSTED).any():
+        shown = shown.drop(columns="timing")
+    return pd.DataFrame({column: [_acceptance_cell(column, value) for value in shown[column]] for column in shown.columns})
+
+
+def render_acceptance(table: pd.DataFrame, fmt: str) -> str:
+    """Markdown, LaTeX or CSV of ``acceptance_table``; the text formats end with the legend."""
+    if fmt == "csv":
+        return table.reset_index().to_csv(index=False)
+    headers = {"model": "model", "label": "method", "timing": "timing",
+               **acceptance_headers(len([column for column in table if column.startswith("position_")]))}
+    cells = acceptance_cells(table)
+    cells.columns = [headers[column] for column in cells.columns]
+    if fmt == "md":
+        lines = ["| " + " | ".join(cells.columns) + " |", "|" + "|".join("---" for _ in cells.columns) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in cells.itertuples(index=False)]
+        return "\n".join([*lines, "", ACCEPTANCE_LEGEND]) + "\n"
+    if fmt == "latex":
+        escaped = cells.map(lambda v: str(v).replace("_", r"\_"))
+        return escaped.to_latex(index=False, escape=False) + f"\\par\\noindent {_latex_text(ACCEPTANCE_LEGEND)}\n"
+    raise ValueError(f"unknown format {fmt!r}: md, latex or csv")
+
+
+def _acceptance_cell(column: str, value) -> str:
+    if isinstance(value, str):
+        return value
+    if pd.isna(value):
+        return "-"
+    if column.startswith("speedup"):
+        return f"{value:.2f}x"
+    return f"{value:.1f}" if column.startswith("tpot") else f"{value:.2f}"
 
 
 def _runs_of(questions: pd.DataFrame) -> pd.DataFrame:

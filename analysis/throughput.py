@@ -257,8 +257,8 @@ def requirements(table: pd.DataFrame) -> pd.DataFrame:
     """For every run: the draft latency per step, or the accepted tokens per decoding step, that would make
     its predicted throughput (draft + reference T_target + overhead per step) equal the best measured one of
     its model, all else equal. For the fastest run itself these differ from its own values only by the
-    model's error. A draft latency below zero means no draft speed can close the gap: acceptance must rise.
-    Runs with no predicted T_target get NaN."""
+    model's error. A draft latency below zero means no draft speed can close the gap: acceptance must rise
+    (``shown_requirements`` and ``requirement_notes`` say so in words). Runs with no predicted T_target get NaN."""
     rows = []
     for model, group in table.groupby("model"):
         best = group.loc[group.measured_tps.idxmax()]
@@ -272,6 +272,53 @@ def requirements(table: pd.DataFrame) -> pd.DataFrame:
                          "tokens_per_step": row.tokens_per_step, "needed_tokens_per_step": needed_tokens,
                          "acceptance_factor": needed_tokens / row.tokens_per_step})
     return pd.DataFrame(rows)
+
+
+CANNOT = "cannot"  # shown instead of a needed draft time below zero: no draft speed closes that gap
+BEST = "is the best"  # shown instead of the best run's own needed draft time (the model's error, not a need)
+
+
+def draft_cannot_match(needs: pd.DataFrame) -> pd.Series:
+    """Per row of ``requirements``: whether no draft latency, not even a draft that takes no time, would match the
+    best (a needed draft time below zero), for every run but the best itself (whose own "need" is only the
+    model's error)."""
+    return (needs.needed_draft_ms < 0) & (needs.label != needs.best)
+
+
+def requirement_notes(needs: pd.DataFrame) -> list[str]:
+    """One sentence per run of ``requirements`` that no draft speed can bring to the best: why, and the acceptance
+    that would."""
+    notes = []
+    for row in needs[draft_cannot_match(needs)].itertuples():
+        notes.append(f"{row.model} {row.label}: no draft latency can match {row.best}'s {row.best_tps:.1f} tok/s. "
+                     f"At {row.tokens_per_step:.2f} tokens per step, the target pass and the overhead alone take "
+                     f"{-row.needed_draft_ms:.1f} ms per step longer than {row.best}'s pace allows, even with a draft "
+                     "that takes no time; acceptance must rise instead, to "
+                     f"{row.needed_tokens_per_step:.2f} tokens per step ({row.acceptance_factor:.2f}x) at the "
+                     "present draft time.")
+    return notes
+
+
+def shown_requirements(needs: pd.DataFrame) -> pd.DataFrame:
+    """``requirements`` for a reader: the needed draft time says CANNOT where no draft time can match the best
+    (``draft_cannot_match``) and BEST for the best run itself, a number otherwise (NaN: nothing predicts the
+    run's target time)."""
+    shown = needs.astype({"needed_draft_ms": object})
+    shown.loc[draft_cannot_match(needs), "needed_draft_ms"] = CANNOT
+    shown.loc[needs.label == needs.best, "needed_draft_ms"] = BEST
+    return shown
+
+
+def requirements_text(table: pd.DataFrame) -> str:
+    """What each run of ``model_table`` would need to match the best of its model, as the command line prints
+    it: ``shown_requirements`` ("-" where nothing predicts a run's target time), then ``requirement_notes``."""
+    needs = requirements(table)
+    if needs.empty:
+        return "(no runs)"
+    shown = shown_requirements(needs)
+    text = shown.to_string(index=False, na_rep="-", formatters={
+        column: (lambda v: v if isinstance(v, str) else "-" if pd.isna(v) else f"{v:.3f}") for column in shown.columns})
+    return "\n".join([text, *requirement_notes(needs)])
 
 
 COST_PARTS = ("draft", "one_pass", "extra_verify", "overhead")  # ms per accepted token, summing to the total
@@ -309,3 +356,27 @@ def token_costs(questions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                      "ar_ms_per_token": ar_ms, **costs, "total": total, "speedup_bound": ar_ms / total,
                      "needed_tokens_per_step_2x": 2 * sum(per_step.values()) / ar_ms})
     return pd.DataFrame(rows)
+
+
+def two_x_cannot(costs: pd.DataFrame) -> pd.Series:
+    """Per row of ``token_costs``: whether the acceptance a 2x speedup needs is more than the tokens a step
+    verifies, which no drafter can reach (a step accepts at most the draft tokens it verifies plus the bonus
+    token, and the verified count holds the root as well)."""
+    return costs.needed_tokens_per_step_2x > costs.verified_per_step
+
+
+def token_cost_notes(costs: pd.DataFrame) -> list[str]:
+    """One sentence per run of ``token_costs`` that cannot reach 2x at its draft size, and why."""
+    return [f"{row.label}: 2x cannot be reached at this draft size: it would need {row.needed_tokens_per_step_2x:.2f} "
+            f"accepted tokens per step, more than the {row.verified_per_step:.2f} a step verifies."
+            for row in costs[two_x_cannot(costs)].itertuples()]
+
+
+def shown_token_costs(costs: pd.DataFrame) -> pd.DataFrame:
+    """``token_costs`` for a reader: the acceptance a 2x speedup needs says CANNOT where it exceeds the tokens a
+    step verifies (``two_x_cannot``)."""
+    if costs.empty:
+        return costs
+    shown = costs.astype({"needed_tokens_per_step_2x": object})
+    shown.loc[two_x_cannot(costs), "needed_tokens_per_step_2x"] = CANNOT
+    return shown

@@ -178,8 +178,7 @@ def main() -> None:
 def acceptance_by_position(run_dir: Path) -> dict:
     """{position: acceptance} over a run's decoding steps (``metrics.acceptance_by_position``)."""
     steps = pd.read_parquet(run_dir / "steps.parquet")
-    shares = metrics.acceptance_by_position(steps.accepted_tokens.tolist(), steps.draft_depth.tolist(),
-                                            steps.step.tolist())
+    shares = metrics.acceptance_by_position(steps.accepted_tokens.tolist(), steps.draft_depth.tolist())
     return {position: share for position, share in enumerate(shares, start=1)}
 
 

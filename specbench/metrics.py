@@ -25,6 +25,24 @@ Three more, which speed.py does not have:
 * draft seconds per decoding step: the drafter's time per step, over decoding steps only (the prefill drafts
   nothing).
 
+The definitions other tools use, under their names, for comparisons with them:
+
+* speedup as a mean of per-question ratios (``speedup_mean_of_ratios``): each question's tokens/s over its
+  baseline's, averaged. Spec-Bench's speed.py takes the ratio of the means (``speedup`` above); the two differ
+  when questions' lengths and speedups vary together (Spec-Bench issue #29), so both are reported;
+* vLLM's mean acceptance length (``mean_acceptance_length``): 1 + accepted draft tokens / drafts, where a
+  draft is a decoding step that verified at least one draft token (vllm/v1/spec_decode/metrics.py,
+  ``SpecDecodingLogging.log``; the scheduler observes a draft only for a request with draft tokens). It differs
+  from MAT in two ways: the prefill is not a step (MAT counts it, with the one token it settles), and neither
+  is a step whose drafter proposed nothing (MAT counts it with its bonus token); both count the bonus token.
+  vLLM's draft acceptance rate is ``acceptance_rate`` above (accepted over drafted tokens), the same quantity;
+* vLLM's per-position acceptance rate (``per_position_acceptance_rate``): accepted draft tokens at position i
+  over all drafts, so it can only fall with i; ``acceptance_by_position`` divides by the drafts that reached
+  position i instead, which tells a drafter's deep guesses apart from its short drafts;
+* time per output token (TPOT, ``time_per_output_token_ms``): a question's wall time over its new tokens (all
+  turns), in ms, with its mean and percentiles over questions. vLLM's benchmark leaves the first token's time
+  out of it ((latency - TTFT) / (tokens - 1)); specbench's includes the prefill, so a long prompt raises it.
+
 And the counts that say whether a set of answers is lossless: questions identical to the baseline, and of
 the others those whose first differing token was a near-tie (the target's top two choices so close that
 floating-point noise can swap them) or a violation (a real difference, which lossless decoding must not give).
@@ -94,19 +112,92 @@ def accepted_draft_tokens(accept_lengths: Iterable[int]) -> int:
     return int(sum(length - 1 for length in accept_lengths if length > 0))
 
 
-def acceptance_by_position(accept_lengths: Sequence[int], draft_depths: Sequence[int],
-                           steps: Sequence[int]) -> list[float]:
-    """Acceptance per draft position: entry i - 1 is the share of decoding steps whose verified draft reached
-    position i (a chain's i-th token; a tree's depth i) that accepted a token there (accepted path at least i
-    deep). The prefill (step 0) is excluded; positions no step reached are left off.
+def acceptance_by_position(accept_lengths: Sequence[int], draft_depths: Sequence[int]) -> list[float]:
+    """Acceptance per draft position: entry i - 1 is the share of steps whose verified draft reached position i
+    (a chain's i-th token; a tree's depth i) that accepted a token there (accepted path at least i deep).
+    Steps without a draft (the prefill, an empty draft) reach no position; positions no step reached are left
+    off.
 
-    >>> [round(share, 2) for share in acceptance_by_position([1, 3, 1, 2], [0, 4, 4, 2], [0, 1, 2, 3])]
+    >>> [round(share, 2) for share in acceptance_by_position([1, 3, 1, 2], [0, 4, 4, 2])]
     [0.67, 0.33, 0.0, 0.0]
     """
-    depths = np.array([depth for depth, step in zip(draft_depths, steps) if step > 0], dtype=np.int64)
-    accepted = np.array([length - 1 for length, step in zip(accept_lengths, steps) if step > 0], dtype=np.int64)
+    depths, accepted = _drafted_steps(accept_lengths, draft_depths)
     reached = depths.max(initial=0)
     return [float(np.mean(accepted[depths >= position] >= position)) for position in range(1, reached + 1)]
+
+
+def per_position_acceptance_rate(accept_lengths: Sequence[int], draft_depths: Sequence[int]) -> list[float]:
+    """vLLM's per-position acceptance rate: entry i - 1 is the number of drafts (steps with a draft) that
+    accepted a token at position i, over all drafts; up to the deepest draft's position.
+
+    >>> [round(share, 2) for share in per_position_acceptance_rate([1, 3, 1, 2], [0, 4, 4, 2])]
+    [0.67, 0.33, 0.0, 0.0]
+    >>> per_position_acceptance_rate([1, 3, 2], [0, 4, 1])
+    [1.0, 0.5, 0.0, 0.0]
+    """
+    depths, accepted = _drafted_steps(accept_lengths, draft_depths)
+    reached = depths.max(initial=0)
+    return [float(np.mean(accepted >= position)) for position in range(1, reached + 1)]
+
+
+def mean_acceptance_length(accept_lengths: Sequence[int], draft_depths: Sequence[int]) -> float:
+    """vLLM's mean acceptance length: 1 + accepted draft tokens over drafts (steps that verified a draft);
+    1.0 without drafts, as vLLM's ``compute_acceptance_len``.
+
+    >>> mean_acceptance_length([1, 3, 1, 2, 1], [0, 4, 4, 2, 0])  # 1 + (2 + 0 + 1) / 3
+    2.0
+    >>> mean_acceptance_length([1, 1], [0, 0])
+    1.0
+    """
+    _, accepted = _drafted_steps(accept_lengths, draft_depths)
+    return 1.0 + float(accepted.mean()) if accepted.size else 1.0
+
+
+def _drafted_steps(accept_lengths: Sequence[int], draft_depths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The draft depths and accepted draft tokens (accept length minus the bonus token) of the steps that
+    verified a draft (depth > 0), in order."""
+    if len(accept_lengths) != len(draft_depths):
+        raise ValueError(f"{len(accept_lengths)} accept lengths but {len(draft_depths)} draft depths")
+    depths = np.asarray(draft_depths, dtype=np.int64)
+    drafted = depths > 0
+    return depths[drafted], np.asarray(accept_lengths, dtype=np.int64)[drafted] - 1
+
+
+def speedup_mean_of_ratios(method_rates: Sequence[float], baseline_rates: Sequence[float]) -> float:
+    """The mean over questions of each question's tokens/s over its baseline's (the other common definition;
+    ``speedup`` is Spec-Bench's ratio of means).
+
+    >>> speedup_mean_of_ratios([20.0, 40.0], [10.0, 40.0])  # (2 + 1) / 2; the ratio of means says 60/50
+    1.5
+    """
+    ratios = [method / baseline for method, baseline in zip(method_rates, baseline_rates, strict=True)]
+    return float(np.mean(ratios)) if ratios and all(np.isfinite(ratios)) else float("nan")
+
+
+def time_per_output_token_ms(rate: float) -> float:
+    """A question's time per output token in ms, from its tokens/s (all turns' wall time over new tokens).
+
+    >>> time_per_output_token_ms(40.0)
+    25.0
+    """
+    return 1000.0 / rate
+
+
+TPOT_PERCENTILES = (50, 90, 99)  # vLLM's benchmark prints the median and p99 by default; p90 sits between
+
+
+def tpot_statistics(per_question_rates: Sequence[float]) -> dict:
+    """Mean time per output token over questions (``tpot_ms``) and its percentiles (``tpot_p50_ms`` ...,
+    numpy's linear interpolation, as vLLM's benchmark), from per-question tokens/s.
+
+    >>> tpot_statistics([10.0, 20.0, 40.0])
+    {'tpot_ms': 58.333333333333336, 'tpot_p50_ms': 50.0, 'tpot_p90_ms': 90.0, 'tpot_p99_ms': 99.0}
+    """
+    values = np.array([time_per_output_token_ms(rate) for rate in per_question_rates], dtype=np.float64)
+    statistics = {"tpot_ms": float(values.mean())}
+    for percentile in TPOT_PERCENTILES:
+        statistics[f"tpot_p{percentile}_ms"] = float(np.percentile(values, percentile))
+    return statistics
 
 
 def draft_seconds_per_step(draft_seconds: Sequence[float], steps: Sequence[int]) -> float:
@@ -150,6 +241,13 @@ def answer_drafted_tokens(record: dict) -> int | None:
     return (record.get("specbench") or {}).get("drafted_tokens")
 
 
+def answer_draft_depths(record: dict) -> list[int] | None:
+    """The per-step draft depths of a specbench answer record (every turn, parallel to its accept lengths: 0
+    for a step without a draft); None for records that do not carry them (written before specbench recorded
+    them, Spec-Bench's own files)."""
+    return (record.get("specbench") or {}).get("draft_depths")
+
+
 def answer_mismatch_kind(record: dict) -> str | None:
     """How a specbench answer record first differs from its baseline: "near_tie", "violation" or "not_checked"
     (a sampling run); None when it does not differ, or when the record does not say."""
@@ -181,36 +279,49 @@ def exactness_counts(identical: Sequence[bool | None], mismatch_kinds: Sequence[
 
 
 def statistics_of_questions(rates: Sequence[float], accept_lengths: Sequence[Sequence[int]],
-                            drafted: Sequence[int | None], baseline_rates: Sequence[float] | None) -> dict:
+                            drafted: Sequence[int | None], baseline_rates: Sequence[float] | None,
+                            draft_depths: Sequence[Sequence[int] | None] | None = None) -> dict:
     """The statistics of a set of questions from their per-question tokens/s, accept lengths (one list per
-    question) and drafted-token counts (None where unknown), and the paired baseline's tokens/s of the same
-    questions in the same order when given: questions, tokens_per_s, baseline_tokens_per_s, speedup,
-    mean_accepted_tokens, acceptance_rate. Values that need the baseline are None without it; the acceptance
-    rate is None when any count is unknown or nothing was drafted."""
+    question), drafted-token counts (None where unknown) and draft depths (one list per question, parallel to
+    its accept lengths; None where unknown), and the paired baseline's tokens/s of the same questions in the
+    same order when given: questions, tokens_per_s, baseline_tokens_per_s, speedup, speedup_mean_of_ratios,
+    mean_accepted_tokens, acceptance_rate, mean_acceptance_length, acceptance_by_position,
+    per_position_acceptance_rate, and the time per output token (``tpot_statistics``). Values that need the
+    baseline are None without it; the acceptance rate is None when any count is unknown or nothing was
+    drafted; the vLLM and per-position figures are None when any question's draft depths are unknown (records
+    written before they were recorded, Spec-Bench's own files)."""
     lengths = [length for question in accept_lengths for length in question]
     drafted = list(drafted)
+    depths = None if draft_depths is None or any(question is None for question in draft_depths) \
+        else [depth for question in draft_depths for depth in question]
     statistics = {
         "questions": len(rates),
         "tokens_per_s": mean_rate(rates),
         "baseline_tokens_per_s": None,
         "speedup": None,
+        "speedup_mean_of_ratios": None,
         "mean_accepted_tokens": mean_accepted_tokens(lengths),
         "acceptance_rate": None if any(count is None for count in drafted)
         else acceptance_rate(accepted_draft_tokens(lengths), sum(drafted)),
+        "mean_acceptance_length": None if depths is None else mean_acceptance_length(lengths, depths),
+        "acceptance_by_position": None if depths is None else acceptance_by_position(lengths, depths),
+        "per_position_acceptance_rate": None if depths is None else per_position_acceptance_rate(lengths, depths),
+        **tpot_statistics(rates),
     }
     if baseline_rates is not None:
         statistics["baseline_tokens_per_s"] = mean_rate(baseline_rates)
         statistics["speedup"] = speedup(rates, baseline_rates)
+        statistics["speedup_mean_of_ratios"] = speedup_mean_of_ratios(rates, baseline_rates)
     return statistics
 
 
 def group_statistics(records: Sequence[dict], baseline_records: Sequence[dict] | None) -> dict:
     """The statistics of a set of answer records (one task, or all), and of the paired baseline records of the
-    same questions in the same order when given: questions, tokens_per_s, baseline_tokens_per_s, speedup,
-    mean_accepted_tokens, acceptance_rate (see ``statistics_of_questions``)."""
+    same questions in the same order when given (see ``statistics_of_questions``)."""
     return statistics_of_questions(
         [answer_rate(record) for record in records],
         [answer_accept_lengths(record) for record in records],
         [answer_drafted_tokens(record) for record in records],
         None if baseline_records is None else [answer_rate(record) for record in baseline_records],
+        [answer_draft_depths(record) for record in records],
     )

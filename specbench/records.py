@@ -94,8 +94,10 @@ SCHEMA_VERSION = 3
 # summary.json's "timing" and "skipped"; steps.parquet is unchanged from 2.
 SUPPORTED_SCHEMAS = (2, 3)
 STEP_COLUMNS = ["question_id", "turn", *StepRecord.__dataclass_fields__]
-SUMMARY_KEYS = ("questions", "identical_to_baseline", "near_ties", "violations", "speedup", "mean_accepted_tokens",
-                "acceptance_rate", "tokens_per_s", "baseline_tokens_per_s")
+SUMMARY_KEYS = ("questions", "identical_to_baseline", "near_ties", "violations", "speedup", "speedup_mean_of_ratios",
+                "mean_accepted_tokens", "acceptance_rate", "mean_acceptance_length", "acceptance_by_position",
+                "per_position_acceptance_rate", "tokens_per_s", "baseline_tokens_per_s", "tpot_ms",
+                *(f"tpot_p{percentile}_ms" for percentile in metrics.TPOT_PERCENTILES))
 
 
 @dataclass
@@ -131,6 +133,8 @@ class Answer:
             "task": prompt.task,
             "identical_to_baseline": identical_to_baseline,
             "drafted_tokens": sum(step.candidate_tokens for steps in self.steps for step in steps),
+            # Per step, parallel to accept_lengths: the per-position and vLLM acceptance figures need them.
+            "draft_depths": [step.draft_depth for steps in self.steps for step in steps],
             "mismatch": None if mismatch is None else mismatch.to_dict(),
         }
         if self.peak_gpu_memory_bytes is not None:
@@ -361,6 +365,10 @@ def _answer_problem(record: dict, kind: LineKind) -> str | None:
         lengths = choice["accept_lengths"]
         if not lengths or not all(_is_count(value) for value in lengths):
             return "has a choices[0].accept_lengths that is not a non-empty list of token counts"
+        depths = (record.get("specbench") or {}).get("draft_depths") if isinstance(record.get("specbench"), dict) else None
+        if depths is not None and not (isinstance(depths, list) and len(depths) == len(lengths)
+                                       and all(_is_count(value) for value in depths)):
+            return "has a specbench.draft_depths that is not a list of draft depths, one per accept length"
     return _specbench_problem(record.get("specbench"), kind)
 
 
@@ -916,6 +924,9 @@ def _group_summary(records: list[dict], baseline_by_id: dict, with_baseline: boo
     return {key: statistics[key] for key in SUMMARY_KEYS}
 
 
+SHOWN_POSITIONS = 8  # draft positions printed under the summary table; summary.json holds them all
+
+
 def format_summary_table(summary: dict) -> str:
     """The summary as an aligned text table, one row per task and one for overall. ``exact`` reads
     identical / near-tie / violation counts out of the questions ("-" without a baseline)."""
@@ -930,7 +941,8 @@ def format_summary_table(summary: dict) -> str:
             return f"{stats['identical_to_baseline']}/{stats['questions']} (sampled)"
         return f"{stats['identical_to_baseline']}/{stats.get('near_ties', 0)}/{stats.get('violations', 0)}"
 
-    header = ("task", "questions", "exact", "speedup", "MAT", "accept", "tok/s", "AR tok/s")
+    header = ("task", "questions", "exact", "speedup", "per-q", "MAT", "MAL", "accept", "TPOT ms", "p90",
+              "tok/s", "AR tok/s")
     rows = [header]
     for task, stats in summary["tasks"].items():
         rows.append((
@@ -938,8 +950,12 @@ def format_summary_table(summary: dict) -> str:
             str(stats["questions"]),
             exact(stats),
             show(stats["speedup"], ".2f", "x"),
+            show(stats.get("speedup_mean_of_ratios"), ".2f", "x"),
             show(stats["mean_accepted_tokens"], ".2f"),
+            show(stats.get("mean_acceptance_length"), ".2f"),
             show(stats.get("acceptance_rate"), ".2f"),
+            show(stats.get("tpot_ms"), ".1f"),
+            show(stats.get("tpot_p90_ms"), ".1f"),
             show(stats["tokens_per_s"], ".1f"),
             show(stats["baseline_tokens_per_s"], ".1f"),
         ))
@@ -948,8 +964,18 @@ def format_summary_table(summary: dict) -> str:
                        for column, (cell, width) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    lines.append("exact = identical / near-tie / violation (see specbench.mismatch); accept = accepted / drafted "
-                 "tokens; MAT = mean accepted tokens per target pass, bonus token included")
+    positions = (summary["tasks"].get("overall") or {}).get("acceptance_by_position")
+    if positions:
+        shown = " ".join(f"{share:.2f}" for share in positions[:SHOWN_POSITIONS])
+        more = f" (of {len(positions)})" if len(positions) > SHOWN_POSITIONS else ""
+        lines.append(f"acceptance by draft position 1-{min(len(positions), SHOWN_POSITIONS)}{more}, overall: {shown}")
+    lines += ["exact = identical / near-tie / violation (see specbench.mismatch); speedup = mean tok/s over mean AR "
+              "tok/s (Spec-Bench);",
+              "per-q = mean of per-question speedups; MAT = mean accepted tokens per target pass, prefill and bonus "
+              "token included;",
+              "MAL = vLLM's mean acceptance length (1 + accepted / drafts); accept = accepted / drafted tokens; TPOT = "
+              "ms per output token",
+              "(mean over questions, p90 its 90th percentile); docs/measurement.md defines each"]
     return "\n".join(lines + summary_flags(summary))
 
 

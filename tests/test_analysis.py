@@ -206,9 +206,9 @@ def test_figures_and_report_are_written(runs, tmp_path):
     text = report.read_text()
     assert "data:image/png;base64," in text and "Throughput model" in text and "2.20x" in text
     throughput = text[text.index("<h2>Throughput model"):text.index("<h2>Figures")]
-    assert "<th>tokens_per_step</th>" in throughput and "<th>mat</th>" not in throughput
+    assert ">tokens per step</th>" in throughput and ">MAT</th>" not in throughput
     assert "leave-one-out 0." in throughput
-    assert "Where an accepted token" in text and "<th>extra_verify</th>" in text
+    assert "Where an accepted token" in text and ">extra verify</th>" in text
 
 
 def test_command_line(runs, tmp_path, capsys):

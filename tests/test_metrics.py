@@ -3,15 +3,18 @@ directly (group_statistics) and through the analysis tables (run_task_stats, lea
 
 import json
 
+import pandas as pd
 import pytest
 
 from analysis.runs import load_questions, read_spec_bench
-from analysis.tables import formatted, leaderboard, render, run_task_stats
+from analysis.runs import fill_draft_depths
+from analysis.tables import acceptance_table, formatted, leaderboard, render, render_acceptance, run_task_stats
 from specbench import metrics
 
 
-def line(question_id, category, turns, wall_time, drafted=None, identical=None, mismatch=None, task=None):
-    """One model_answer record; ``turns`` holds each turn's accept lengths (the first, 1, is its prefill)."""
+def line(question_id, category, turns, wall_time, drafted=None, identical=None, mismatch=None, task=None, depth=None):
+    """One model_answer record; ``turns`` holds each turn's accept lengths (the first, 1, is its prefill);
+    ``depth``: every decoding step's draft depth (the prefill drafts nothing)."""
     record = {
         "question_id": question_id, "category": category, "answer_id": f"a{question_id}", "model_id": "m",
         "choices": [{"index": 0, "turns": ["text"] * len(turns), "decoding_steps": [len(t) for t in turns],
@@ -22,22 +25,24 @@ def line(question_id, category, turns, wall_time, drafted=None, identical=None, 
     if task is not None:
         record["specbench"] = {"task": task, "identical_to_baseline": identical, "drafted_tokens": drafted,
                                "mismatch": mismatch}
+        if depth is not None:
+            record["specbench"]["draft_depths"] = [0 if step == 0 else depth for t in turns for step in range(len(t))]
     return record
 
 
 NEAR_TIE = {"turn": 0, "index": 4, "method_token": 7, "baseline_token": 9, "method_margin": 0.001,
             "baseline_margin": 0.001, "kind": "near_tie"}
 
-# Method. Every decoding step verifies 5 drafted tokens, except q2's single step, which verifies 10.
+# Method. Every decoding step verifies a chain of 5 drafted tokens, except q2's single step, which verifies 10.
 #   q1 qa:       accept lengths 1,3,4,4 -> 12 tokens in 0.6 s = 20 tok/s; drafted 3*5 = 15, accepted 0+2+3+3 = 8
 #   q2 qa:       accept lengths 1,8     ->  9 tokens in 0.3 s = 30 tok/s; drafted 10,    accepted 0+7 = 7
 #   q3 writing:  turn 1: 1,4,5 -> 10 tokens in 0.3 s; turn 2: 1,2,3 -> 6 tokens in 0.5 s
 #                (each turn starts with its own prefill)  -> 16 tokens in 0.8 s = 20 tok/s
 #                drafted 4*5 = 20, accepted 0+3+4 + 0+1+2 = 10
 METHOD = [
-    line(1, "qa", [[1, 3, 4, 4]], [0.6], drafted=15, identical=True, task="qa"),
-    line(2, "qa", [[1, 8]], [0.3], drafted=10, identical=False, mismatch=NEAR_TIE, task="qa"),
-    line(3, "writing", [[1, 4, 5], [1, 2, 3]], [0.3, 0.5], drafted=20, identical=True, task="mt_bench"),
+    line(1, "qa", [[1, 3, 4, 4]], [0.6], drafted=15, identical=True, task="qa", depth=5),
+    line(2, "qa", [[1, 8]], [0.3], drafted=10, identical=False, mismatch=NEAR_TIE, task="qa", depth=10),
+    line(3, "writing", [[1, 4, 5], [1, 2, 3]], [0.3, 0.5], drafted=20, identical=True, task="mt_bench", depth=5),
 ]
 # The paired AR baseline: one token per step, same token counts.
 #   q1: 12 tokens in 1.2 s = 10 tok/s;  q2: 9 tokens in 0.45 s = 20 tok/s;  q3: 16 tokens in 1.6 s = 10 tok/s
@@ -49,19 +54,40 @@ BASELINE = [
 
 EXPECTED = {
     # qa: tokens/s mean(20, 30) = 25; baseline mean(10, 20) = 15; speedup 25 / 15 = 5/3
-    #     (a mean of ratios would give mean(2, 1.5) = 1.75; total tokens over total time 1.833);
+    #     (a mean of ratios gives mean(2, 1.5) = 1.75; total tokens over total time 1.833);
     #     MAT (12 + 9) / (4 + 2) steps = 3.5 (without the prefills: 19 / 4 = 4.75; mean of per-question
-    #     MATs: mean(3, 4.5) = 3.75); acceptance (8 + 7) / (15 + 10) = 0.6
+    #     MATs: mean(3, 4.5) = 3.75); acceptance (8 + 7) / (15 + 10) = 0.6;
+    #     vLLM's mean acceptance length: 4 drafts accepting 2, 3, 3, 7: 1 + 15 / 4 = 4.75;
+    #     by position (drafts reaching it; accepted there): 1: 4; 4 -> 1. 2: 4; 4 -> 1. 3: 4; 3 -> 0.75.
+    #     4, 5: 4; 1 (the 7) -> 0.25. 6, 7: only q2's 10-deep draft; it accepted 7 -> 1. 8-10: 1; 0 -> 0;
+    #     vLLM's per position divides by all 4 drafts: 1, 1, 0.75, 0.25, 0.25, 0.25, 0.25, 0, 0, 0;
+    #     ms per token: 1000/20 = 50, 1000/30 = 33.3: mean 41.67, p50 41.67, p90 33.3 + 0.9 * 16.67 = 48.33,
+    #     p99 33.3 + 0.99 * 16.67 = 49.83
     "qa": {"questions": 2, "tokens_per_s": 25.0, "baseline_tokens_per_s": 15.0, "speedup": 5 / 3,
-           "mean_accepted_tokens": 3.5, "acceptance_rate": 0.6},
+           "speedup_mean_of_ratios": 1.75, "mean_accepted_tokens": 3.5, "acceptance_rate": 0.6,
+           "mean_acceptance_length": 4.75, "acceptance_by_position": [1, 1, 0.75, 0.25, 0.25, 1, 1, 0, 0, 0],
+           "per_position_acceptance_rate": [1, 1, 0.75, 0.25, 0.25, 0.25, 0.25, 0, 0, 0],
+           "tpot_ms": 125 / 3, "tpot_p50_ms": 125 / 3, "tpot_p90_ms": 145 / 3, "tpot_p99_ms": 299 / 6},
     # mt_bench: tokens/s 16 / 0.8 = 20 (not the mean of the turns' rates, mean(33.3, 12) = 22.7); baseline
-    #     16 / 1.6 = 10; speedup 2; MAT 16 / 6 steps = 8/3; acceptance 10 / 20 = 0.5
+    #     16 / 1.6 = 10; speedup 2 (one question: both definitions); MAT 16 / 6 steps = 8/3; acceptance
+    #     10 / 20 = 0.5; 4 drafts (each turn's prefill drafts nothing) accepting 3, 4, 1, 2: length 1 + 10/4;
+    #     every draft is 5 deep, so both per-position figures are 4/4, 3/4, 2/4, 1/4, 0; 50 ms a token
     "mt_bench": {"questions": 1, "tokens_per_s": 20.0, "baseline_tokens_per_s": 10.0, "speedup": 2.0,
-                 "mean_accepted_tokens": 8 / 3, "acceptance_rate": 0.5},
+                 "speedup_mean_of_ratios": 2.0, "mean_accepted_tokens": 8 / 3, "acceptance_rate": 0.5,
+                 "mean_acceptance_length": 3.5, "acceptance_by_position": [1, 0.75, 0.5, 0.25, 0],
+                 "per_position_acceptance_rate": [1, 0.75, 0.5, 0.25, 0],
+                 "tpot_ms": 50.0, "tpot_p50_ms": 50.0, "tpot_p90_ms": 50.0, "tpot_p99_ms": 50.0},
     # overall: tokens/s mean(20, 30, 20) = 70/3; baseline mean(10, 20, 10) = 40/3; speedup 70/40 = 1.75
-    #     (mean of ratios: mean(2, 1.5, 2) = 1.833); MAT 37 tokens / 12 steps; acceptance 25 / 45 = 5/9
+    #     (mean of ratios: mean(2, 1.5, 2) = 11/6); MAT 37 tokens / 12 steps; acceptance 25 / 45 = 5/9;
+    #     8 drafts accepting 2, 3, 3, 7, 3, 4, 1, 2 = 25: length 1 + 25/8; by position: 8/8, 7/8, 5/8, 2/8,
+    #     1/8, then q2's draft alone: 1, 1, 0, 0, 0 (vLLM's: 1/8, 1/8 at 6 and 7); ms a token 50, 33.3, 50:
+    #     mean 44.44, and the percentiles of [33.3, 50, 50] are 50
     "overall": {"questions": 3, "tokens_per_s": 70 / 3, "baseline_tokens_per_s": 40 / 3, "speedup": 1.75,
-                "mean_accepted_tokens": 37 / 12, "acceptance_rate": 5 / 9},
+                "speedup_mean_of_ratios": 11 / 6, "mean_accepted_tokens": 37 / 12, "acceptance_rate": 5 / 9,
+                "mean_acceptance_length": 33 / 8,
+                "acceptance_by_position": [1, 7 / 8, 5 / 8, 2 / 8, 1 / 8, 1, 1, 0, 0, 0],
+                "per_position_acceptance_rate": [1, 7 / 8, 5 / 8, 2 / 8, 1 / 8, 1 / 8, 1 / 8, 0, 0, 0],
+                "tpot_ms": 400 / 9, "tpot_p50_ms": 50.0, "tpot_p90_ms": 50.0, "tpot_p99_ms": 50.0},
 }
 
 
@@ -72,7 +98,16 @@ def subset(records, task):
 @pytest.mark.parametrize("task", sorted(EXPECTED))
 def test_group_statistics_match_the_hand_worked_numbers(task):
     statistics = metrics.group_statistics(subset(METHOD, task), subset(BASELINE, task))
-    assert statistics == pytest.approx(EXPECTED[task])
+    lists = ("acceptance_by_position", "per_position_acceptance_rate")
+    assert {key: value for key, value in statistics.items() if key not in lists} == pytest.approx(
+        {key: value for key, value in EXPECTED[task].items() if key not in lists})
+    for key in lists:
+        assert statistics[key] == pytest.approx(EXPECTED[task][key])
+
+
+def test_the_examples_in_the_metrics_docstrings_hold():
+    import doctest
+    assert doctest.testmod(metrics).failed == 0
 
 
 def test_speedup_is_a_ratio_of_means_not_a_mean_of_ratios():
@@ -133,7 +168,19 @@ def test_the_analysis_tables_give_the_same_numbers(tmp_path):
         assert row.tokens_per_s == pytest.approx(expected["tokens_per_s"])
         assert row.baseline_tokens_per_s == pytest.approx(expected["baseline_tokens_per_s"])
         assert row.acceptance_rate == pytest.approx(expected["acceptance_rate"])
+        assert row.speedup_mean_of_ratios == pytest.approx(expected["speedup_mean_of_ratios"])
+        assert row.mean_acceptance_length == pytest.approx(expected["mean_acceptance_length"])
+        assert row.acceptance_by_position == pytest.approx(expected["acceptance_by_position"])
+        assert row.tpot_p90_ms == pytest.approx(expected["tpot_p90_ms"])
     assert stats.loc["overall", ["identical", "near_ties", "violations"]].tolist() == [2, 1, 0]
+    overall = acceptance_table(questions).iloc[0]
+    assert overall[["speedup", "speedup_mean_of_ratios", "mat", "mean_acceptance_length"]].tolist() == pytest.approx(
+        [1.75, 11 / 6, 37 / 12, 33 / 8])
+    assert overall[["position_1", "position_2", "position_3", "position_4"]].tolist() == pytest.approx(
+        [1, 7 / 8, 5 / 8, 2 / 8])
+    markdown = render_acceptance(acceptance_table(questions), "md")
+    assert "| m | pld | 1.75x | 1.83x | 3.08 | 4.12 | 0.56 | 1.00 | 0.88 | 0.62 | 0.25 | 44.4 |" in markdown
+    assert "mean acceptance length (vLLM)" in markdown.splitlines()[0]
     shown = formatted(leaderboard(questions)).iloc[0]
     assert shown["qa speedup"] == "1.67x" and shown["overall MAT"] == "3.08"
     assert shown["identical"] == "2/3 (1 near-tie, 0 violation)"
@@ -157,6 +204,54 @@ def test_spec_bench_files_without_specbench_keys(tmp_path):
 def test_acceptance_by_position_counts_steps_whose_draft_reached_each_position():
     # Decoding steps (the prefill is left out): a 4-deep draft accepting 2, a 4-deep one accepting none, a
     # 2-deep one accepting 1; position 3 and 4 are reached by the two 4-deep drafts only.
-    shares = metrics.acceptance_by_position([1, 3, 1, 2], [0, 4, 4, 2], [0, 1, 2, 3])
+    shares = metrics.acceptance_by_position([1, 3, 1, 2], [0, 4, 4, 2])
     assert shares == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
-    assert metrics.acceptance_by_position([1, 1], [0, 0], [0, 1]) == []  # plain decoding drafts nothing
+    assert metrics.acceptance_by_position([1, 1], [0, 0]) == []  # plain decoding drafts nothing
+    # A step whose drafter proposed nothing (depth 0) reaches no position, whatever its place.
+    assert metrics.acceptance_by_position([1, 1, 4, 1], [0, 0, 3, 0]) == [1.0, 1.0, 1.0]
+
+
+def test_vllm_metrics_count_drafts_only_and_keep_the_bonus_token():
+    # Worked by hand: a prefill (depth 0, 1 token), a 4-deep draft accepting 2 (+ bonus: 3), a step with no
+    # draft (1), a 4-deep draft accepting none (1), a 1-deep draft accepting it (2). Drafts: 3; accepted: 3.
+    lengths, depths = [1, 3, 1, 1, 2], [0, 4, 0, 4, 1]
+    assert metrics.mean_acceptance_length(lengths, depths) == pytest.approx(1 + 3 / 3)
+    # Spec-Bench's MAT counts the prefill and the empty step: 8 tokens over 5 passes.
+    assert metrics.mean_accepted_tokens(lengths) == pytest.approx(8 / 5)
+    # vLLM's per position: over all 3 drafts; specbench's: over the drafts that reached the position.
+    assert metrics.per_position_acceptance_rate(lengths, depths) == pytest.approx([2 / 3, 1 / 3, 0, 0])
+    assert metrics.acceptance_by_position(lengths, depths) == pytest.approx([2 / 3, 1 / 2, 0, 0])
+    assert metrics.mean_acceptance_length([1, 1, 1], [0, 0, 0]) == 1.0  # vLLM's value without drafts
+    with pytest.raises(ValueError, match="3 accept lengths but 2 draft depths"):
+        metrics.mean_acceptance_length([1, 1, 1], [0, 0])
+
+
+def test_the_two_speedup_definitions_differ_when_long_answers_speed_up_less():
+    # Spec-Bench issue #29: one question at 2x, one at 1x. The ratio of mean rates weighs the faster question's
+    # rates: (20 + 40) / (10 + 40) = 1.2; the mean of per-question ratios is (2 + 1) / 2 = 1.5.
+    assert metrics.speedup([20.0, 40.0], [10.0, 40.0]) == pytest.approx(1.2)
+    assert metrics.speedup_mean_of_ratios([20.0, 40.0], [10.0, 40.0]) == pytest.approx(1.5)
+    assert metrics.speedup_mean_of_ratios([20.0, 20.0], [10.0, 10.0]) == metrics.speedup([20.0, 20.0], [10.0, 10.0])
+
+
+def test_time_per_output_token_is_wall_time_over_tokens_with_percentiles_over_questions():
+    # Questions at 10, 20, 40 tokens/s: 100, 50, 25 ms a token; p90 interpolates between 50 and 100.
+    statistics = metrics.tpot_statistics([10.0, 20.0, 40.0])
+    assert statistics == pytest.approx({"tpot_ms": 175 / 3, "tpot_p50_ms": 50.0, "tpot_p90_ms": 90.0,
+                                        "tpot_p99_ms": 99.0})
+    assert metrics.time_per_output_token_ms(metrics.tokens_per_second([30, 10], [2.0, 2.0])) == pytest.approx(100.0)
+
+
+def test_records_without_draft_depths_take_them_from_the_steps_or_show_none(tmp_path):
+    without = [{**r, "specbench": {k: v for k, v in r["specbench"].items() if k != "draft_depths"}} for r in METHOD]
+    questions = load_questions([write_run(tmp_path / "run", without, BASELINE)])
+    assert questions.draft_depths.isna().all()
+    assert pd.isna(acceptance_table(questions).iloc[0].mean_acceptance_length)
+    assert "| 3.08 | - | 0.56 | - |" in render_acceptance(acceptance_table(questions), "md")
+    # The run's step records give them back (q3's are left incomplete: it keeps none).
+    rows = [{"question_id": 1, "turn": 0, "step": i, "draft_depth": d} for i, d in enumerate([0, 5, 5, 5])]
+    rows += [{"question_id": 2, "turn": 0, "step": i, "draft_depth": d} for i, d in enumerate([0, 10])]
+    rows += [{"question_id": 3, "turn": 1, "step": 0, "draft_depth": 0}]
+    question_rows = questions.to_dict("records")
+    fill_draft_depths(question_rows, pd.DataFrame(rows))
+    assert [row["draft_depths"] for row in question_rows] == [[0, 5, 5, 5], [0, 10], None]

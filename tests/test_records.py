@@ -23,7 +23,8 @@ def answer(tokens_per_turn, seconds_per_turn, accepted):
     for tokens, seconds in zip(tokens_per_turn, seconds_per_turn):
         result.texts.append("x")
         result.token_ids.append(list(range(tokens)))
-        steps = [StepRecord(i, n + 1, 1, n, 0.0, 0.01, 0.0, 10 + i, candidate_tokens=n + 1 if i else 0)
+        steps = [StepRecord(i, n + 1, 1, n, 0.0, 0.01, 0.0, 10 + i, draft_depth=n + 1 if i else 0,
+                            candidate_tokens=n + 1 if i else 0)
                  for i, n in enumerate(accepted)]
         result.steps.append(steps)
         result.wall_times.append(seconds)
@@ -65,7 +66,7 @@ def test_records_follow_spec_bench_model_answer_schema():
     assert choice["decoding_steps"] == [2, 2]
     assert choice["accept_lengths"] == [1, 2, 1, 2]
     assert line["specbench"] == {"task": "mt_bench", "identical_to_baseline": True, "drafted_tokens": 6,
-                                 "mismatch": None}
+                                 "draft_depths": [0, 3, 0, 3], "mismatch": None}
 
 
 def test_step_columns_are_pinned_to_the_schema_version():
@@ -89,7 +90,8 @@ def test_near_ties_and_violations_are_counted_and_violations_reported():
     assert (tasks["overall"]["identical_to_baseline"], tasks["overall"]["near_ties"],
             tasks["overall"]["violations"]) == (1, 1, 1)
     table = format_summary_table({"tasks": tasks})
-    assert "1/1/1" in table.splitlines()[-2]  # the overall row
+    overall_row = next(row for row in table.splitlines() if row.startswith("overall"))
+    assert "1/1/1" in overall_row
     report = violation_report({"tasks": tasks}, method)
     assert "VIOLATION" in report and "question 3" in report and "method 40 vs baseline 41" in report
     assert violation_report({"tasks": tasks}, method[:2]) is None

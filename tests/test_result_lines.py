@@ -117,6 +117,8 @@ def changed(path: str, value):
     (changed("choices.0.wall_time", [0.0]), "has no positive wall_time"),
     (changed("choices.0.wall_time", [0.5, 0.5]), "has 1 new_tokens but 2 wall_time entries"),
     (changed("choices.0.accept_lengths", []), "has a choices[0].accept_lengths that is not a non-empty list"),
+    (changed("specbench.draft_depths", [0]), "has a specbench.draft_depths that is not a list of draft depths, one per"),
+    (changed("specbench.draft_depths", "deep"), "has a specbench.draft_depths that is not a list of draft depths"),
     (changed("specbench", ...), "has no specbench object"),
     (changed("specbench.task", "poetry"), "has no known specbench.task"),
     (changed("specbench.identical_to_baseline", "yes"), "has a specbench.identical_to_baseline that is not true, false or null"),
