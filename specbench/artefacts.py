@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -673,7 +674,8 @@ def load_or_rebuild(directory: Path, what: str, load: Callable[[], Loaded], buil
                     elif directory.is_file():
                         directory.unlink()
         else:
-            log.info("building the %s (once; cached in %s)", what, directory)
+            # The builder says what it builds, how long it takes and how to build it ahead (announce_build).
+            log.debug("building the %s (once; cached in %s)", what, directory)
         build()
     finally:
         lock.release()
@@ -683,3 +685,87 @@ def load_or_rebuild(directory: Path, what: str, load: Callable[[], Loaded], buil
             except OSError:
                 pass
     return load()
+
+
+# ---- saying what a first use builds, before it builds it --------------------------------------------------------
+
+# A build expected to take longer than this is announced as a warning: long enough to surprise a user who asked for
+# a run, not for a build. Shorter ones are announced at INFO.
+LONG_BUILD_S = 60.0
+PREPARE_COMMAND = "python -m specbench.prepare"
+
+
+@dataclass(frozen=True)
+class PlannedArtefact:
+    """One artefact a run looks up in the cache: what it is, where it is cached, a rough build time on a 2-core
+    CPU (None: not known before its source is downloaded) with what that estimate is scaled from, and the command
+    that builds it ahead of time. ``shipped``: the package carries it, so it is installed, not built."""
+
+    what: str
+    directory: Path
+    seconds: float | None
+    basis: str
+    command: str
+    shipped: bool = False
+
+    def cached(self) -> bool:
+        return Path(self.directory).exists()
+
+    def state(self) -> str:
+        if self.cached():
+            return "cached"
+        return "shipped with specbench (installed in a second)" if self.shipped else f"to build, {estimate_text(self)}"
+
+
+def duration_text(seconds: float) -> str:
+    """A rough duration for a person: 40 -> "about 40 s", 1057 -> "about 18 min", 9000 -> "about 2.5 h"."""
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"about {round(seconds / 60)} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
+def estimate_text(planned: PlannedArtefact) -> str:
+    if planned.seconds is None:
+        return f"time not known in advance ({planned.basis})"
+    return f"{duration_text(planned.seconds)} on a 2-core CPU (an estimate: {planned.basis})"
+
+
+def build_notice(planned: PlannedArtefact) -> str:
+    """The one line said before ``planned`` is built on first use: what, how long, where it is cached, and the
+    command that builds it ahead of time.
+
+    Example: "building the greedy answers of smollm2-135m to 96 prompts (once): about 18 min on a 2-core CPU (an
+    estimate: ...); cached in ~/.cache/specbench/answers/...; to build it ahead of time: python -m specbench.prepare
+    --model smollm2-135m --drafters hd"."""
+    return (f"building {planned.what} (once): {estimate_text(planned)}; cached in {planned.directory}; "
+            f"to build it ahead of time: {planned.command}")
+
+
+def announce_build(planned: PlannedArtefact) -> str:
+    """Log ``build_notice(planned)``, as a warning when the build is long or of unknown length; return the line."""
+    line = build_notice(planned)
+    long = planned.seconds is None or planned.seconds > LONG_BUILD_S
+    log.log(logging.WARNING if long else logging.INFO, "%s", line)
+    return line
+
+
+def prepare_command(model: str, drafter: str | None = None) -> str:
+    """The ``python -m specbench.prepare`` command that builds what ``drafter`` needs for ``model``."""
+    return f"{PREPARE_COMMAND} --model {model}" + (f" --drafters {drafter}" if drafter else "")
+
+
+# The work a decoder-only model does per token, as its weight count from its config (attention taken at full width,
+# the output layer included): the measure build-time estimates scale by, the same whichever linear backend packs
+# the weights. SmolLM2-135M's (30 layers of width 576, 1536 wide MLPs, 49152 tokens), the model the rates were
+# measured on.
+REFERENCE_WEIGHTS = 30 * (4 * 576 * 576 + 3 * 576 * 1536) + 49152 * 576
+
+
+def relative_size(target) -> float:
+    """How many times SmolLM2-135M's per-token work ``target`` does (see REFERENCE_WEIGHTS), for estimates."""
+    config = target.model.config.get_text_config()
+    width, layers = int(config.hidden_size), int(config.num_hidden_layers)
+    mlp = int(getattr(config, "intermediate_size", None) or 4 * width)
+    return (layers * (4 * width * width + 3 * width * mlp) + int(config.vocab_size) * width) / REFERENCE_WEIGHTS

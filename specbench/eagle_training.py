@@ -63,7 +63,6 @@ EVAL_POSITIONS = 6  # draft positions whose held-out acceptance is measured (a c
 # the one-line estimate printed before a build on first use (see build_seconds_estimate).
 SECONDS_PER_KILO_TOKEN_STEP = {"eagle": 1.55, "eagle3": 0.31}
 DATA_SECONDS = 60.0  # the target's features over the greedy and the sampled answers (SmolLM2-135M, 2 cores)
-LONG_BUILD_S = 60.0
 # Steps that keep the default build of a SmolLM2-135M head within about 10 minutes on 2 CPU cores (eagle's steps
 # cost 2.5 times eagle3's: the loss runs the target's whole 49152-row lm_head twice, forward and backward).
 DEFAULT_TRAIN_STEPS = {"eagle": 200, "eagle3": 500}
@@ -199,16 +198,31 @@ def build_seconds_estimate(target, kind: str, recipe: Recipe, tokens_per_sequenc
     return scale * (data + work * SECONDS_PER_KILO_TOKEN_STEP[kind])
 
 
-def trained_head(target, directory: Path, kind: str, spec: dict, given: bool):
+def planned_head(target, directory: Path, kind: str, spec: dict, command: str | None = None):
+    """The head ``trained_head`` looks up, as a plan entry (``artefacts.PlannedArtefact``); ``command`` builds it
+    ahead of time (default: scripts/train_eagle.py's)."""
+    from specbench.artefacts import PlannedArtefact
+
+    recipe = recipe_of(kind, spec)
+    return PlannedArtefact(
+        what=f"an {kind} head for {target.name} ({recipe.train_steps} training steps; resumable if interrupted)",
+        directory=Path(directory), seconds=build_seconds_estimate(target, kind, recipe),
+        basis=f"{recipe.train_steps} steps x {recipe.batch_sequences} sequences of ~300 tokens, rates measured for "
+              "SmolLM2-135M, scaled by hidden size squared; answers not cached yet come on top",
+        command=command or rebuild_command(target, directory, kind, spec))
+
+
+def trained_head(target, directory: Path, kind: str, spec: dict, given: bool, prepare: str | None = None):
     """The head of ``kind`` trained for ``target`` with ``spec`` at ``directory``, built there first if missing, by one
     process while others wait (``artefacts.load_or_rebuild``). A damaged head in the cache (not ``given``) is
     rebuilt with a warning, since its directory's key covers everything it was built from; a damaged one in a
     directory the user has ``given`` stops the run with one line naming the problem and the command that rebuilds
-    it."""
-    from specbench.artefacts import load_or_rebuild
+    it. ``prepare``: the command that builds it ahead of time, for the line said before a build (default:
+    scripts/train_eagle.py's)."""
+    from specbench.artefacts import announce_build, load_or_rebuild
 
     directory = Path(directory)
-    recipe = recipe_of(kind, spec)
+    recipe_of(kind, spec)  # a bad recipe is one line before anything is looked up
     command = rebuild_command(target, directory, kind, spec)
     rebuild = f"rebuild it with `{command}`"
 
@@ -216,11 +230,7 @@ def trained_head(target, directory: Path, kind: str, spec: dict, given: bool):
         return load_trained_head(target, directory, kind, rebuild)
 
     def build() -> None:
-        seconds = build_seconds_estimate(target, kind, recipe)
-        # a warning when it is long enough to surprise a user who asked for a run, not for a build
-        log.log(logging.WARNING if seconds > LONG_BUILD_S else logging.INFO,
-                "training an %s head for %s (%d steps, roughly %.0f min on a 2-core CPU; resumable if interrupted); "
-                "to build it ahead of time: %s", kind, target.name, recipe.train_steps, seconds / 60, command)
+        announce_build(planned_head(target, directory, kind, spec, prepare))
         build_trained_head(target, directory, kind, **spec)
 
     if given:

@@ -25,6 +25,9 @@ SELECTIONS = ("first", "evenly", "last")
 # what the draft must predict at run time far better than general text does.
 TARGET_ANSWERS = "target-answers"
 LOGIT_FLOATS_PER_SLICE = 2**25  # 128 MB of fp32 logits per distillation forward pass
+# Measured on 2 cores: distilling a pruned SmolLM2-135M on 100k tokens takes 7.5 to 9.5 minutes whatever the depth
+# (docs/usage.md; the target's forward pass dominates, so a larger target costs in proportion to its size).
+SECONDS_PER_DISTILL_TOKEN = 8.5 * 60 / 100_000
 
 
 def select_layers(num_layers: int, keep, selection: str = "evenly") -> list[int]:
@@ -141,6 +144,37 @@ def distill(student, teacher, batches, tokens: int, lr: float, device) -> list[f
     return losses
 
 
+def check_distillation_corpus(corpus: str, distill_tokens: int) -> None:
+    """A one-line SpecbenchError when a text ``corpus`` that a distillation would read is missing or empty: checked
+    before the target is pruned and distilled, which takes minutes."""
+    if distill_tokens > 0 and corpus != TARGET_ANSWERS:
+        from specbench.datastores.build import checked_corpus
+
+        checked_corpus(corpus)
+
+
+def planned_pruned_draft(target, directory: Path, settings: dict, command: str) -> list:
+    """What ``pruned_draft`` looks up, as plan entries: the target's answers when it distils on them (unless the
+    draft is cached) and the draft."""
+    from specbench.artefacts import PlannedArtefact, relative_size
+    from specbench.target_answers import planned_answers, resolve_prompts
+
+    tokens = int(settings.get("distill_tokens", 0))
+    scale = relative_size(target)
+    draft = PlannedArtefact(
+        what=f"the pruned draft of {target.name} ({settings['layers']} layers, "
+             + (f"distilled on {tokens} tokens of {settings.get('corpus', 'python-docs')})" if tokens else
+                "not distilled)"),
+        directory=directory, seconds=tokens * SECONDS_PER_DISTILL_TOKEN * scale + 10,
+        basis=f"{tokens} tokens at {SECONDS_PER_DISTILL_TOKEN * 1000:.1f} ms each measured for SmolLM2-135M, "
+              f"x {scale:.3g} for this target's size; plus about 10 s of pruning and saving",
+        command=command)
+    if tokens == 0 or settings.get("corpus") != TARGET_ANSWERS or directory.exists():
+        return [draft]
+    return [planned_answers(target, resolve_prompts(None), 256, purpose="the pruned draft is distilled on them",
+                            command=command), draft]
+
+
 def build_pruned_draft(target, directory: Path, layers, selection: str, distill_tokens: int, corpus: str,
                        block_size: int = 256, batch_size: int = 8, lr: float = 3e-4, seed: int = 0) -> dict:
     """Prune ``target`` (a LoadedModel) to ``layers`` (a count with ``selection``, or indices), distil it on
@@ -153,6 +187,7 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
     started = time.perf_counter()
     total = target.num_layers
     kept = select_layers(total, layers, selection)
+    check_distillation_corpus(corpus, distill_tokens)
     torch.manual_seed(seed)
     draft = prune(target.model, kept).to(target.device)
     losses = []
@@ -227,13 +262,14 @@ def load_pruned_draft(directory: Path, dtype, rebuild: str, require_manifest: bo
         raise SpecbenchError(f"draft checkpoint {directory} does not load ({reason}); {rebuild}") from None
 
 
-def pruned_draft(target, directory: Path, settings: dict, given: bool) -> torch.nn.Module:
+def pruned_draft(target, directory: Path, settings: dict, given: bool, command: str | None = None) -> torch.nn.Module:
     """The pruned draft of ``settings`` (a drafter's ``pruned`` entry) at ``directory``, built there first if
     missing, by one process while others wait (``artefacts.load_or_rebuild``). A damaged draft in the cache (not
     ``given``) is rebuilt with a warning, since its directory's key covers everything it was built from; a damaged
     one in a directory the user has ``given`` (``path`` beside ``pruned``) stops the run with one line naming the
-    damaged file and the command that rebuilds it, since that directory is the user's own."""
-    from specbench.artefacts import load_or_rebuild
+    damaged file and the command that rebuilds it, since that directory is the user's own. A build is announced
+    in one line naming ``command`` (default: scripts/prune_draft.py's), what builds it ahead of time."""
+    from specbench.artefacts import announce_build, load_or_rebuild
 
     rebuild = f"rebuild it with `{rebuild_command(target, directory, settings)}`"
 
@@ -242,6 +278,11 @@ def pruned_draft(target, directory: Path, settings: dict, given: bool) -> torch.
 
     def build() -> None:
         rest = dict(settings)
+        # Its inputs first: the layers to keep and the distillation corpus, before minutes of pruning and distilling.
+        select_layers(target.num_layers, rest["layers"], rest.get("selection", "evenly"))
+        check_distillation_corpus(rest.get("corpus", "python-docs"), rest.get("distill_tokens", 0))
+        announce_build(planned_pruned_draft(target, directory, settings,
+                                            command or rebuild_command(target, directory, settings))[-1])
         build_pruned_draft(target, directory, rest.pop("layers"), rest.pop("selection", "evenly"),
                            rest.pop("distill_tokens", 0), rest.pop("corpus", "python-docs"), **rest)
 

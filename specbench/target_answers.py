@@ -9,25 +9,51 @@ Layout in the cache (``<cache>/answers``)::
                                       interrupted generation resumes from its whole, valid rows
     <model>-<key>.jsonl               an answers file of an earlier specbench (no checksum): taken as the staging
                                       of its generation, so its rows are kept and published with a checksum
+
+The package ships the embedded model's answers to the built-in prompts at HD's length (``specbench/data/
+answers-<model>.json`` and its ``.jsonl.gz``), so that HD's first use on a fresh machine skips the ~18 minutes of
+generating them: a lookup whose cache has no answers installs the shipped ones when their key is the one the lookup
+computes (same model source, prompts and length) and their checksum holds; otherwise it generates, with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
+import hashlib
 import json
 import logging
 import os
+import zlib
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from specbench.artefacts import cached_path, load_or_rebuild, rank_tag, read_manifest, replace_directory, verify_files
+from specbench.artefacts import (
+    PlannedArtefact,
+    announce_build,
+    cached_path,
+    load_or_rebuild,
+    prepare_command,
+    rank_tag,
+    relative_size,
+    read_manifest,
+    replace_directory,
+    settings_key,
+    verify_files,
+)
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
 from specbench.errors import SpecbenchError, raise_refusal
 
 log = logging.getLogger(__name__)
 ANSWERS_FILE = "answers.jsonl"
+SHIPPED_ANSWERS_DIR = Path(__file__).resolve().parent / "data"
+SHIPPED_KIND = "shipped target answers"
+# Measured: SmolLM2-135M's greedy answers to the 96 built-in prompts, up to 1024 tokens, batches of 8, took 17 min
+# 37 s on 2 cores (docs/usage.md): 1057 s / (96 x 1024) per answer-token slot. A batch decodes until its longest
+# answer ends, so slots, not the tokens finally kept, are what costs; a larger model costs in proportion to its size.
+SECONDS_PER_ANSWER_SLOT = 1057 / (96 * 1024)
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -67,22 +93,179 @@ def generate_answers(target, prompts: list[str], max_new_tokens: int, batch_size
     return answers
 
 
+def answers_settings(target, prompts: list[str], max_new_tokens: int) -> dict:
+    """What a cached answer set is keyed by: the model's source, the prompts' text itself (not a prompt file's
+    path, so an edited prompt file gets new answers) and the answer length."""
+    return {"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens}
+
+
+def answers_directory(target, prompts: list[str], max_new_tokens: int, cache_dir: str | None = None) -> Path:
+    return cached_path(cache_dir, "answers", target.name, answers_settings(target, prompts, max_new_tokens))
+
+
+def resolve_prompts(prompts: str | list[str] | None) -> list[str]:
+    return prompts if isinstance(prompts, list) else read_prompts(prompts if prompts else MODEL_DB_PROMPTS)
+
+
+def answers_seconds(target, prompts: int, max_new_tokens: int) -> float:
+    """A rough time to generate answers to ``prompts`` prompts of up to ``max_new_tokens`` tokens on 2 cores."""
+    return prompts * max_new_tokens * SECONDS_PER_ANSWER_SLOT * relative_size(target)
+
+
+def planned_answers(target, prompts: list[str], max_new_tokens: int, cache_dir: str | None = None,
+                    purpose: str = "", command: str | None = None) -> PlannedArtefact:
+    """The answer set ``target_answers`` looks up, as a plan entry (``artefacts.PlannedArtefact``)."""
+    settings = answers_settings(target, prompts, max_new_tokens)
+    manifest = shipped_manifest(target.name)
+    return PlannedArtefact(
+        what=f"the greedy answers of {target.name} to {len(prompts)} prompts, up to {max_new_tokens} tokens each"
+             + (f" ({purpose})" if purpose else ""),
+        directory=answers_directory(target, prompts, max_new_tokens, cache_dir),
+        seconds=answers_seconds(target, len(prompts), max_new_tokens),
+        basis=f"{len(prompts)} prompts x {max_new_tokens} tokens at {SECONDS_PER_ANSWER_SLOT * 1000:.1f} ms per "
+              f"token measured for SmolLM2-135M, x {relative_size(target):.3g} for this model's size; shorter "
+              "answers end sooner",
+        command=command or prepare_command(target.name),
+        shipped=manifest is not None and shipped_mismatch(manifest, settings) is None)
+
+
 def target_answers(target, prompts: str | list[str] | None = None, max_new_tokens: int = 256, batch_size: int = 8,
-                   cache_dir: str | None = None) -> list[tuple[list[int], list[int]]]:
+                   cache_dir: str | None = None, purpose: str = "",
+                   command: str | None = None) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) of the target's greedy answers to a prompt set: a list of prompts, or a prompt
     set spec (``read_prompts``; default: the built-in set, disjoint from the evaluation questions). Generated
     once per model, prompt set and length, and cached with a checksum: HD's model database and the distillation
     of pruned drafts read the same answers, and damaged ones are generated again with a warning
-    (``artefacts.load_or_rebuild``). An interrupted generation resumes from the batches already answered."""
-    if not isinstance(prompts, list):
-        prompts = read_prompts(prompts if prompts else MODEL_DB_PROMPTS)
-    # Keyed by the prompts' text itself (not a prompt file's path), so an edited prompt file gets new answers.
-    directory = cached_path(cache_dir, "answers", target.name,
-                            {"source": target.source, "prompts": prompts, "max_new_tokens": max_new_tokens})
+    (``artefacts.load_or_rebuild``). An interrupted generation resumes from the batches already answered.
+    Answers shipped with the package for exactly these settings are installed instead of generated
+    (``install_shipped_answers``). ``purpose`` and ``command`` (what builds them ahead of time) go into the one
+    line said before a generation starts."""
+    prompts = resolve_prompts(prompts)
+    directory = answers_directory(target, prompts, max_new_tokens, cache_dir)
+    if not directory.exists():
+        install_shipped_answers(target, directory, answers_settings(target, prompts, max_new_tokens))
+
+    def generate() -> None:
+        announce_build(planned_answers(target, prompts, max_new_tokens, cache_dir, purpose, command))
+        _generate_into(directory, target, prompts, max_new_tokens, batch_size)
+
     # One job generates while another waits and then reads what it published (see artefacts.build_lock for the
     # ranks of a torchrun job, which generate together).
     return load_or_rebuild(directory, f"answer set of {target.name}", lambda: read_answers(directory, len(prompts)),
-                           lambda: _generate_into(directory, target, prompts, max_new_tokens, batch_size))
+                           generate)
+
+
+# ---- answers shipped with the package --------------------------------------------------------------------------
+
+
+def prompts_digest(prompts: list[str]) -> str:
+    return hashlib.sha256(json.dumps(prompts).encode("utf-8")).hexdigest()
+
+
+def shipped_manifest(model_name: str, shipped_dir: Path | None = None) -> dict | None:
+    """The manifest of the answers shipped for ``model_name`` (``answers-<model>.json`` in the package's data), or
+    None when none are shipped or the manifest is unreadable (then nothing is installed)."""
+    file = (shipped_dir or SHIPPED_ANSWERS_DIR) / f"answers-{model_name}.json"
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        log.warning("the shipped answers' manifest %s is unreadable (%s); not using it", file, error)
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("kind") == SHIPPED_KIND else None
+
+
+def shipped_mismatch(manifest: dict, settings: dict) -> str | None:
+    """Why the shipped answers of ``manifest`` are not the answer set of ``settings`` (``answers_settings``), or
+    None when their key is the one a lookup computes."""
+    differences = []
+    if manifest.get("model", {}).get("source") != settings["source"]:
+        differences.append(f"model source {manifest.get('model', {}).get('source')!r}, not {settings['source']!r}")
+    if manifest.get("prompts", {}).get("sha256") != prompts_digest(settings["prompts"]):
+        differences.append(f"{manifest.get('prompts', {}).get('count')} other prompts, not these "
+                           f"{len(settings['prompts'])}")
+    if manifest.get("max_new_tokens") != settings["max_new_tokens"]:
+        differences.append(f"max_new_tokens {manifest.get('max_new_tokens')}, not {settings['max_new_tokens']}")
+    if not differences and manifest.get("key") != settings_key(settings):
+        differences.append(f"key {manifest.get('key')}, not {settings_key(settings)}")
+    return "; ".join(differences) or None
+
+
+def shipped_rows(manifest: dict, shipped_dir: Path | None = None) -> bytes:
+    """The answers file of shipped ``manifest``, decompressed and checked against its recorded SHA-256 and row
+    count; a one-line SpecbenchError says what is wrong."""
+    file = (shipped_dir or SHIPPED_ANSWERS_DIR) / str(manifest.get("file"))
+    try:
+        data = gzip.decompress(file.read_bytes())
+    except (OSError, EOFError, zlib.error) as error:
+        raise SpecbenchError(f"{file}: {getattr(error, 'strerror', None) or error}") from None
+    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        raise SpecbenchError(f"{file}: its SHA-256 is not the one its manifest records")
+    if any(_pair(line) is None for line in data.splitlines()) or len(data.splitlines()) != manifest.get("answers"):
+        raise SpecbenchError(f"{file}: does not hold {manifest.get('answers')} answers of token ids")
+    return data
+
+
+def install_shipped_answers(target, directory: Path, settings: dict, shipped_dir: Path | None = None) -> bool:
+    """Publish the answers shipped for ``target`` at ``directory`` (as a generation would, with a checksum) when
+    they are the answer set of ``settings``; True if installed. Shipped answers for other settings are not used
+    (a note says so: another answer set is simply another artefact), nor are damaged ones (a warning says why);
+    the caller then generates."""
+    manifest = shipped_manifest(target.name, shipped_dir)
+    if manifest is None:
+        return False
+    mismatch = shipped_mismatch(manifest, settings)
+    if mismatch:
+        log.info("the answers shipped with specbench for %s are for other settings (%s): generating these instead",
+                 target.name, mismatch)
+        return False
+    try:
+        data = shipped_rows(manifest, shipped_dir)
+    except SpecbenchError as error:
+        log.warning("the answers shipped with specbench for %s are damaged (%s): generating them instead",
+                    target.name, error)
+        return False
+    replace_directory(directory, lambda version: (version / ANSWERS_FILE).write_bytes(data),
+                      {"kind": "target answers", "model": {"name": target.name, "source": target.source},
+                       "answers": manifest["answers"], "max_new_tokens": settings["max_new_tokens"],
+                       "shipped": {"file": manifest["file"], "sha256": manifest["sha256"],
+                                   "generated": manifest.get("generated")}})
+    generated = manifest.get("generated") or {}
+    log.info("using the answers shipped with specbench for %s (%d prompts, up to %d tokens, generated on %s): "
+             "installed in %s, nothing to generate", target.name, manifest["answers"], settings["max_new_tokens"],
+             generated.get("machine", "an unrecorded machine"), directory)
+    return True
+
+
+def write_shipped_answers(target, prompts: list[str], max_new_tokens: int, out_dir: Path, generated: dict,
+                          license: str, cache_dir: str | None = None) -> dict:
+    """Write the cached answers of these settings (generated first if missing) as shipped answers into
+    ``out_dir``: ``answers-<model>.jsonl.gz`` and its manifest ``answers-<model>.json``; return the manifest.
+    ``generated`` records the machine, software and time of the generation; ``license`` why they may be shipped."""
+    pairs = target_answers(target, prompts, max_new_tokens, cache_dir=cache_dir)
+    data = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs).encode("utf-8")
+    name = f"answers-{target.name}.jsonl.gz"
+    # mtime=0: the same answers give the same bytes, whenever they are written
+    (out_dir / name).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    settings = answers_settings(target, prompts, max_new_tokens)
+    manifest = {
+        "kind": SHIPPED_KIND,
+        "key": settings_key(settings),
+        "model": {"name": target.name, "source": target.source},
+        "prompts": {"set": str(MODEL_DB_PROMPTS.name) if prompts == read_prompts(MODEL_DB_PROMPTS) else "given",
+                    "count": len(prompts), "sha256": prompts_digest(prompts)},
+        "max_new_tokens": max_new_tokens,
+        "answers": len(pairs),
+        "answer_tokens": sum(len(answer) for _, answer in pairs),
+        "file": name,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "generated": generated,
+        "license": license,
+    }
+    (out_dir / f"answers-{target.name}.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
 
 
 def _generate_into(directory: Path, target, prompts: list[str], max_new_tokens: int, batch_size: int) -> None:

@@ -36,6 +36,10 @@ def _isolated_cache() -> Path:
 
 TEST_CACHE = _isolated_cache()
 
+# HD's model database as the tests build it: its configured 96 answers of 1024 tokens take minutes on a CPU; these
+# few short answers still supply drafts the target accepts (the database's lookups are pinned on hand-built tables).
+SMALL_MODEL_DB = ["drafter.model_db_build.max_prompts=8", "drafter.model_db_build.max_new_tokens=32"]
+
 PROMPTS = [
     "Summarize: the cat sat on the mat. The cat sat on the mat again, and then the cat slept.",
     "Translate German to English: Der Hund spielt im Garten.",

@@ -153,12 +153,15 @@ def test_malformed_question_line(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
+    # the run settings' checks run in check_config, pinned without a process of their own in
+    # tests/test_typed_values.py; run.max_new_tokens=0 stands for them here, the others are slow
     ("run.max_new_tokens=0", "run.max_new_tokens must be a positive integer, got 0"),
     ("drafter.num_draft_tokens=0", "drafter.num_draft_tokens must be a positive integer"),
     ("run.device=tpu", "run.device='tpu' is not a device"),
-    ("run.temperature=-0.5", "run.temperature must be 0 (greedy) or at least 0.0001, got -0.5"),
-    ("run.top_p=0", "run.top_p must be in (0, 1], got 0"),
-    ("run.top_p=1.5", "run.top_p must be in (0, 1], got 1.5"),
+    pytest.param("run.temperature=-0.5", "run.temperature must be 0 (greedy) or at least 0.0001, got -0.5",
+                 marks=pytest.mark.slow),
+    pytest.param("run.top_p=0", "run.top_p must be in (0, 1], got 0", marks=pytest.mark.slow),
+    pytest.param("run.top_p=1.5", "run.top_p must be in (0, 1], got 1.5", marks=pytest.mark.slow),
 ])
 def test_bad_settings(tmp_path, override, message):
     assert message in one_line_error(specbench(*TINY, override, f"hydra.run.dir={tmp_path}"))
@@ -241,6 +244,22 @@ def test_analysis_reads_the_run_back(finished_run):
     assert set(steps["drafter"]) == {"pld"} and len(steps) == len(pd.read_parquet(run_dir / "steps.parquet"))
 
 
+def rest_refusal(*overrides) -> str:
+    """The one-line refusal of REST's set-up on the tiny model with ``overrides``, in process (what the CLI prints
+    after ``specbench: error: ``, as the first case of the test below shows through a real run)."""
+    from hydra.utils import instantiate
+
+    from specbench.config import compose
+    from specbench.errors import SpecbenchError
+
+    target = instantiate(compose(["model=tiny-random"]).model, device="cpu", linear_backend="auto")
+    drafter = instantiate(compose(["model=tiny-random", "drafter=rest", *overrides]).drafter)
+    with pytest.raises(SpecbenchError) as refused:
+        drafter.prepare(target)
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
 def test_datastore_problems_name_the_file_and_the_fix(tmp_path):
     missing = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.datastore={tmp_path}/none",
                                        f"hydra.run.dir={tmp_path / 'r1'}"))
@@ -249,23 +268,23 @@ def test_datastore_problems_name_the_file_and_the_fix(tmp_path):
     store.mkdir()
     (store / "manifest.json").write_text(json.dumps({"format_version": 1, "tokens": 3,
                                                      "tokenizer": {"fingerprint": "someone-else", "name": "other"}}))
-    import numpy as np
     np.save(store / "tokens.npy", np.array([1, 2, -1], dtype=np.int32))
     np.save(store / "suffixes.npy", np.array([2, 0, 1], dtype=np.int32))
-    other = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.datastore={store}", f"hydra.run.dir={tmp_path / 'r2'}"))
+    other = rest_refusal(f"drafter.datastore={store}")
     assert "built with another tokenizer" in other and str(store) in other
     (store / "suffixes.npy").write_bytes(b"not numpy")
-    broken = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.datastore={store}", f"hydra.run.dir={tmp_path / 'r3'}"))
-    assert "damaged datastore" in broken
+    assert "damaged datastore" in rest_refusal(f"drafter.datastore={store}")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    nothing = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.corpus={empty}",
-                                       f"drafter.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'r4'}"))
+    nothing = rest_refusal(f"drafter.corpus={empty}", f"drafter.cache_dir={tmp_path / 'cache'}")
     assert "holds no text" in nothing and "empty.txt" in nothing
 
 
 def test_hd_records_which_database_supplied_the_accepted_tokens(tmp_path):
-    result = specbench(*TINY, "drafter=hd", "task=translation", "task.limit_per_task=1", f"hydra.run.dir={tmp_path}")
+    from conftest import SMALL_MODEL_DB
+
+    result = specbench(*TINY, "drafter=hd", *SMALL_MODEL_DB, "task=translation", "task.limit_per_task=1",
+                       f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     accepted_more = steps[steps.accepted_tokens > 1]

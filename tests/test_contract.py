@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import ScriptedDrafter, greedy_reference
+from conftest import SMALL_MODEL_DB, ScriptedDrafter, greedy_reference
 from hydra.utils import instantiate
 
 from specbench.config import compose, group_options
@@ -21,7 +21,10 @@ DRAFTERS = group_options("drafter")
 OTHER_ARCHITECTURES = ("qwen2", "qwen3")
 
 
-def make_drafter(name, target, overrides=()):
+def make_drafter(name, target):
+    """The drafter as configured, but for HD's model database, built from fewer, shorter answers than its config
+    says (SMALL_MODEL_DB): that changes what it drafts, not whether the output is greedy's."""
+    overrides = SMALL_MODEL_DB if "model_db_build" in compose([f"drafter={name}"]).drafter else []
     drafter = instantiate(compose([f"drafter={name}", "model=tiny-random", *overrides]).drafter)
     drafter.prepare(target)
     return drafter
@@ -73,12 +76,9 @@ def test_eos_inside_the_output_ends_decoding_exactly_like_greedy(name, tiny, pro
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_every_configured_drafter_matches_greedy_decoding_on_the_other_architectures(name, architecture, prompt_ids):
     """The Qwen2 and Qwen3 models (biased projections, per-head norms) under every drafter: short runs to a length
-    and one to an EOS inside the output. HD's model database is built from fewer, shorter answers than its config
-    says, which changes what it drafts, not whether the output is greedy's."""
+    and one to an EOS inside the output."""
     target = tiny_of(architecture)
-    overrides = (["drafter.model_db_build.max_prompts=8", "drafter.model_db_build.max_new_tokens=32"]
-                 if "model_db_build" in compose([f"drafter={name}"]).drafter else [])
-    drafter = make_drafter(name, target, overrides)
+    drafter = make_drafter(name, target)
     decoder = Decoder(target.backend, frozenset(), max_draft_tokens=64)
     for ids in prompt_ids:
         expected = greedy_reference(target.model, ids, 24)

@@ -21,7 +21,7 @@ from specbench.artefacts import replace_directory
 from specbench.config import compose, group_options
 from specbench.errors import SpecbenchError
 from specbench.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
-from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem
+from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem, gguf_digest
 from specbench.records import format_summary_table, read_answers
 from specbench.runlock import LOCK_NAME, RunLock
 from specbench.runner import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings, run_benchmark
@@ -333,6 +333,26 @@ def test_a_damaged_converted_copy_is_detected(tmp_path):
     (copy / CHECKSUM_FILE).write_text("{")
     assert "damaged" in converted_copy_problem(copy)
     assert converted_copy_problem(tmp_path / "absent") == "missing"
+
+
+def test_a_reinstalled_gguf_file_keeps_its_converted_copies_and_an_edited_one_does_not(tmp_path, monkeypatch):
+    """Converted copies are named by the GGUF file's content: a fresh clone's venv installs the embedded model's
+    file anew (another path, a new modification time), which used to convert it again, tens of seconds per dtype."""
+    import specbench.artefacts as artefacts
+
+    models = tmp_path / "models"
+    installed, reinstalled = tmp_path / "venv-a" / "model.gguf", tmp_path / "venv-b" / "model.gguf"
+    for file in (installed, reinstalled):
+        file.parent.mkdir()
+        file.write_bytes(b"GGUF" + bytes(range(200)))
+    os.utime(reinstalled, ns=(10**18, 10**18))
+    digest = gguf_digest(installed, models)
+    assert gguf_digest(reinstalled, models) == digest and len(digest) == 64
+    monkeypatch.setattr(artefacts, "file_digest", lambda path: pytest.fail(f"{path} was hashed again"))
+    assert gguf_digest(installed, models) == digest  # remembered by path, size and times
+    monkeypatch.undo()
+    installed.write_bytes(b"GGUF" + bytes(range(201)))
+    assert gguf_digest(installed, models) != digest
 
 
 def test_a_killed_conversion_leaves_no_copy_that_looks_complete(tmp_path):

@@ -16,6 +16,8 @@ from specbench.config import compose, group_options
 from specbench.decoding.loop import Decoder
 from specbench.decoding.sampling import Sampling, target_distribution
 
+from conftest import SMALL_MODEL_DB
+
 SAMPLES = 2000
 LENGTH = 3
 SAMPLING = Sampling(temperature=1.0, top_p=1.0, seed=0)
@@ -85,7 +87,10 @@ def deviations(small, drafter):
 
 
 def make(name, small):
-    node = compose([f"drafter={name}", "model=tiny-random"]).drafter
+    # HD's model database from a few short answers (conftest.SMALL_MODEL_DB): its configured 96 answers of 1,024
+    # tokens cost half a minute here and change which drafts come, not how they are verified.
+    overrides = SMALL_MODEL_DB if "model_db_build" in compose([f"drafter={name}"]).drafter else []
+    node = compose([f"drafter={name}", "model=tiny-random", *overrides]).drafter
     if node.get("no_match_token") is not None:
         node.no_match_token = 3  # PLD's dummy id 100 is outside this 6-token vocabulary
     drafter = instantiate(node)
@@ -93,23 +98,29 @@ def make(name, small):
     return drafter
 
 
-# opt-small, qwen-0.5b and wide-pruned draft with the same DraftModel class and, on tiny-random, the same pruned
-# draft as draft_model and sps; hd-chains and pld-hd are settings of the hd and pld drafters; eagle2 is eagle's head
-# with eagle3's dynamic tree: they run behind the slow marker (the contract test covers every config greedy).
-SAME_AS_DRAFT_MODEL = ("opt-small", "qwen-0.5b", "wide-pruned", "hd-chains", "pld-hd", "eagle2")
+# The default run samples through one drafter of each kind of draft the acceptance rule meets, and the slow run
+# through every config (the contract test covers every config greedy in the default run):
+#   a draft model's tokens with their probabilities (sps; draft_model, opt-small, qwen-0.5b and wide-pruned are
+#   the same DraftModel with, on tiny-random, the same pruned draft), a chain (pld; pld-hd is its setting), a
+#   drafter fed the sampled output inside Lookahead's window (hd, the window and its databases; hd-chains and
+#   lookahead are its parts), a static tree learning from the target's top-k (recycling; samd and hybrid add
+#   SAM's chain to it, rest builds one tree per step from its datastore), a state kept across questions (suffix),
+#   a trained head's dynamic tree (eagle3; eagle and eagle2 use EAGLE-1's head), and no draft (ar).
+SAME_AS_DRAFT_MODEL = ("draft_model", "opt-small", "qwen-0.5b", "wide-pruned", "hd-chains", "pld-hd", "eagle2",
+                       "eagle", "lookahead", "samd", "hybrid", "rest")
+# Drafters whose drafts the target accepts often on this model: their samples must have gone through accepted
+# drafts (more than a tenth of the decodes), or a check of the distribution would only have tested AR.
+ACCEPTED_OFTEN = ("pld", "sps", "draft_model")
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SAME_AS_DRAFT_MODEL else name
                                   for name in group_options("drafter")])
 def test_sampling_through_every_drafter_keeps_the_target_distribution(name, small):
-    marginals, joint, _ = deviations(small, make(name, small))
+    marginals, joint, drafted = deviations(small, make(name, small))
     assert max(marginals) < MARGINAL_BOUND, marginals
     assert joint < JOINT_BOUND, joint
-
-
-@pytest.mark.parametrize("name", ["pld", "draft_model"])
-def test_these_drafters_really_get_tokens_accepted_while_sampling(name, small):
-    assert deviations(small, make(name, small))[2] > SAMPLES // 10
+    if name in ACCEPTED_OFTEN:
+        assert drafted > SAMPLES // 10, drafted
 
 
 def biased_accepted_path(parents, node_tokens, target_probs, draft_probs, candidates, generator):

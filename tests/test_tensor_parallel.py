@@ -12,21 +12,32 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SMALL_MODEL_DB
 
-from specbench.config import group_options
+from specbench.config import compose, group_options
 
 DRAFTERS = group_options("drafter")
+MODEL_DB_DRAFTERS = [name for name in DRAFTERS if "model_db_build" in compose([f"drafter={name}"]).drafter]
 # Small and quick: one question of one task, no AR baseline (the comparison is between placements), no warm-up.
 RUN = ["model=tiny-random", "task.tasks=[rag]", "task.limit_per_task=1", "run.max_new_tokens=24", "run.baseline=false",
        "run.warmup_runs=0"]
 
 
 def sweep(sweep_dir: Path, extra: list[str], processes: int) -> subprocess.CompletedProcess:
+    """Every drafter config into ``sweep_dir``, in two sweeps: HD's with the tests' small model database
+    (SMALL_MODEL_DB, keys the other configs do not have; ``++`` since Hydra first composes the sweep with the
+    default drafter), then the others."""
     launcher = [sys.executable, "-m", "specbench"] if processes == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), "-m", "specbench"]
-    command = [*launcher, "-m", f"drafter={','.join(DRAFTERS)}", *RUN, *extra, f"hydra.sweep.dir={sweep_dir}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    others = [name for name in DRAFTERS if name not in MODEL_DB_DRAFTERS]
+    for drafters, overrides in ((MODEL_DB_DRAFTERS, [f"++{override}" for override in SMALL_MODEL_DB]), (others, [])):
+        command = [*launcher, "-m", f"drafter={','.join(drafters)}", *RUN, *overrides, *extra,
+                   f"hydra.sweep.dir={sweep_dir}"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+        if result.returncode != 0:
+            break
+    return result
 
 
 def answers_by_drafter(sweep_dir: Path) -> dict[str, list[dict]]:

@@ -183,6 +183,10 @@ def test_the_builder_itself_refuses_before_building():
     (["task.tasks=[]"], "task.tasks is empty; choose one or more of mt_bench"),
     (["task.tasks=[qa,chess]"], "task.tasks has unknown task(s) chess"),
     (["task.tasks=[1]"], "task.tasks must be a list of task names"),
+    (["run.max_new_tokens=0"], "run.max_new_tokens must be a positive integer, got 0"),
+    (["run.temperature=-0.5"], "run.temperature must be 0 (greedy) or at least 0.0001, got -0.5"),
+    (["run.top_p=0"], "run.top_p must be in (0, 1], got 0"),
+    (["run.top_p=1.5"], "run.top_p must be in (0, 1], got 1.5"),
 ])
 def test_a_composed_config_is_refused_before_loading(overrides, message):
     assert refusal(check_config, compose(["model=tiny-random", *overrides])).startswith(message)

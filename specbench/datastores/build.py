@@ -20,8 +20,15 @@ import numpy as np
 from tqdm import tqdm
 
 import specbench
-from specbench.artefacts import cache_root, cached_path, file_digest, load_or_rebuild
-from specbench.datastores.corpus import DEFAULT_CORPUS, corpus_identity, iter_documents, resolve_corpus
+from specbench.artefacts import PlannedArtefact, announce_build, cache_root, cached_path, file_digest, load_or_rebuild
+from specbench.datastores.corpus import (
+    DEFAULT_CORPUS,
+    corpus_bytes,
+    corpus_identity,
+    iter_documents,
+    require_text,
+    resolve_corpus,
+)
 from specbench.datastores.model_db import (
     count_document_ngrams,
     load_model_db,
@@ -32,9 +39,14 @@ from specbench.datastores.suffix_array import TokenDatastore
 from specbench.errors import SpecbenchError
 from specbench.data import SAMPLE_QUESTIONS, read_questions
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, drop_overlapping, model_db_prompts
-from specbench.target_answers import target_answers
+from specbench.target_answers import planned_answers, target_answers
 
 log = logging.getLogger(__name__)
+# Measured on 2 cores: python-docs (11 MB of text, 2.9 M SmolLM2 tokens) tokenizes and sorts into a datastore in
+# about 15 s (docs/usage.md).
+SECONDS_PER_CORPUS_BYTE = 15.0 / 11e6
+# Counting the n-grams of 96 answers (51k tokens) into a model database takes a few seconds.
+MODEL_DB_COUNT_S = 5.0
 
 
 def tokenizer_manifest(target) -> dict:
@@ -107,20 +119,54 @@ def recorded_source(directory: str | Path, *keys: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def statistics_datastore(target, path: str, corpus: str = DEFAULT_CORPUS, cache_dir: str | None = None) -> TokenDatastore:
+def statistics_directory(target, corpus: str, cache_dir: str | None = None) -> Path:
+    """Where the cache keeps the statistics datastore of ``corpus`` (by content) for this tokenizer."""
+    cache = cache_root(cache_dir)
+    return cache / "datastores" / f"{target.tokenizer_fingerprint}-{corpus_cache_key(corpus, cache)}"
+
+
+def checked_corpus(corpus: str, cache_dir: str | None = None) -> list[str]:
+    """The sources of ``corpus``, found and holding text (``corpus.require_text``): what a build checks before it
+    starts, so that a missing or empty corpus is one line before minutes of other building."""
+    sources = resolve_corpus(corpus, cache_root(cache_dir))
+    require_text(corpus, sources)
+    return sources
+
+
+def planned_statistics(target, corpus: str, cache_dir: str | None = None, what: str = "statistics datastore",
+                       command: str | None = None) -> PlannedArtefact:
+    """The statistics datastore ``statistics_datastore(..., "auto", corpus)`` looks up, as a plan entry."""
+    size = corpus_bytes(resolve_corpus(corpus, cache_root(cache_dir)))
+    return PlannedArtefact(
+        what=f"the {what} of {corpus} for {target.name}",
+        directory=statistics_directory(target, corpus, cache_dir),
+        seconds=None if size is None else size * SECONDS_PER_CORPUS_BYTE,
+        basis=("a hub dataset, whose size is known once downloaded" if size is None else
+               f"{size / 1e6:.1f} MB of text at {1e-6 / SECONDS_PER_CORPUS_BYTE:.2f} MB/s, measured on python-docs"),
+        command=command or f"python scripts/build_datastore.py --model {target.name} --corpus {shlex.quote(corpus)}")
+
+
+def statistics_datastore(target, path: str, corpus: str = DEFAULT_CORPUS, cache_dir: str | None = None,
+                         command: str | None = None) -> TokenDatastore:
     """The datastore at ``path``, or with ``path="auto"`` the cached one for this tokenizer and the content of
-    ``corpus``, built first if missing, and rebuilt (with a warning) if damaged."""
+    ``corpus``, built first if missing (its corpus checked first, and the build announced in one line naming
+    ``command``, what builds it ahead of time), and rebuilt (with a warning) if damaged."""
     fingerprint, vocab = target.tokenizer_fingerprint, vocab_size(target)
     if path != "auto":
         spec = recorded_source(path, "corpus", "spec")  # not ``corpus``: that is what auto would build from
         command = f"python scripts/build_datastore.py --model {target.name} --corpus {shlex.quote(spec or UNKNOWN_SOURCE)}"
         return TokenDatastore.load(path, fingerprint, vocab, command)
     cache = cache_root(cache_dir)
-    directory = cache / "datastores" / f"{fingerprint}-{corpus_cache_key(corpus, cache)}"
-    command = f"python scripts/build_datastore.py --model {target.name} --corpus {shlex.quote(corpus)}"
+    directory = statistics_directory(target, corpus, cache_dir)
+    rebuild = f"python scripts/build_datastore.py --model {target.name} --corpus {shlex.quote(corpus)}"
+
+    def build() -> None:
+        checked_corpus(corpus, cache_dir)
+        announce_build(planned_statistics(target, corpus, cache_dir, command=command))
+        build_datastore(target, corpus, directory, cache)
+
     return load_or_rebuild(directory, f"statistics datastore of {corpus} for {target.name}",
-                           lambda: TokenDatastore.load(directory, fingerprint, vocab, command),
-                           lambda: build_datastore(target, corpus, directory, cache))
+                           lambda: TokenDatastore.load(directory, fingerprint, vocab, rebuild), build)
 
 
 def source_identity(spec: str | None, default: Path | None = None):
@@ -159,13 +205,14 @@ def model_db_prompt_set(build: dict) -> tuple[list[str], dict]:
 
 
 def build_model_db(target, directory: Path, build: dict, key_tokens: int, continuation_length: int,
-                   cache_dir: str | None = None) -> None:
+                   cache_dir: str | None = None, command: str | None = None) -> None:
     """Build HD's model database in ``directory``: the target's greedy answers (``build``: max_new_tokens,
     batch_size) to the prompt set (``model_db_prompt_set``), whose n-grams are counted by document frequency
-    (max_ngrams kept; include_final_ngram)."""
+    (max_ngrams kept; include_final_ngram). ``command``: what builds it ahead of time, for the line said before
+    the answers are generated."""
     prompts, provenance = model_db_prompt_set(build)
     answers = [answer for _, answer in target_answers(target, prompts, build["max_new_tokens"], build["batch_size"],
-                                                      cache_dir)]
+                                                      cache_dir, purpose=MODEL_DB_PURPOSE, command=command)]
     tables = count_document_ngrams(answers, key_tokens, continuation_length, build["max_ngrams"],
                                    include_final=build.get("include_final_ngram", True))
     save_model_db(directory, tables, {
@@ -179,12 +226,40 @@ def build_model_db(target, directory: Path, build: dict, key_tokens: int, contin
     log.info("model database from %d answers (%d tokens) written to %s", len(answers), sum(map(len, answers)), directory)
 
 
+MODEL_DB_PURPOSE = "what HD's model database is counted from"
+
+
+def model_db_directory(target, key_tokens: int, continuation_length: int, build: dict,
+                       cache_dir: str | None = None) -> Path:
+    """Where the cache keeps the auto model database of these settings (its prompt and question files by
+    content)."""
+    settings = {"source": target.source, "key": key_tokens, "continuation": continuation_length, **build,
+                "prompts": source_identity(build.get("prompts"), MODEL_DB_PROMPTS),
+                "exclude_questions": source_identity(build.get("exclude_questions"), SAMPLE_QUESTIONS)}
+    return cached_path(cache_dir, "model_db", target.name, settings)
+
+
+def planned_model_db(target, key_tokens: int, continuation_length: int, build: dict, cache_dir: str | None = None,
+                     command: str | None = None) -> list[PlannedArtefact]:
+    """What ``model_db(..., "auto", ...)`` looks up, as plan entries: the answers (unless the database is cached,
+    when they are not read) and the database counted from them."""
+    directory = model_db_directory(target, key_tokens, continuation_length, build, cache_dir)
+    counted = PlannedArtefact(what=f"HD's model database of {target.name} (n-grams of its answers)",
+                              directory=directory, seconds=MODEL_DB_COUNT_S,
+                              basis="counting n-grams; the answers are their own entry", command=command or
+                              f"python scripts/build_model_db.py --model {target.name}")
+    if directory.exists():
+        return [counted]
+    prompts, _ = model_db_prompt_set(build)
+    return [planned_answers(target, prompts, build["max_new_tokens"], cache_dir, MODEL_DB_PURPOSE, command), counted]
+
+
 def model_db(target, path: str, key_tokens: int, continuation_length: int, capacity: int, build: dict,
-             cache_dir: str | None = None, least_frequent_first: bool = False):
+             cache_dir: str | None = None, least_frequent_first: bool = False, command: str | None = None):
     """The model database at ``path``, or with ``path="auto"`` the cached one for this model and ``build``
     settings (see ``build_model_db``; its prompt set and question files by content), built first if missing
     and rebuilt (with a warning) if damaged. A database serves any continuation length up to the one it was
-    built with."""
+    built with. ``command``: what builds it ahead of time, named in the line said before a build."""
     def load(directory, command=f"python scripts/build_model_db.py --model {target.name}"):
         return load_model_db(directory, target.tokenizer_fingerprint, key_tokens, continuation_length, capacity,
                              least_frequent_first, vocab_size=vocab_size(target), command=command)
@@ -194,10 +269,7 @@ def model_db(target, path: str, key_tokens: int, continuation_length: int, capac
         recorded = recorded_source(path, "prompts")
         prompts = "" if recorded == str(MODEL_DB_PROMPTS) else f" --prompts {shlex.quote(recorded or UNKNOWN_SOURCE)}"
         return load(path, f"python scripts/build_model_db.py --model {target.name}{prompts}")
-    settings = {"source": target.source, "key": key_tokens, "continuation": continuation_length, **build,
-                "prompts": source_identity(build.get("prompts"), MODEL_DB_PROMPTS),
-                "exclude_questions": source_identity(build.get("exclude_questions"), SAMPLE_QUESTIONS)}
-    directory = cached_path(cache_dir, "model_db", target.name, settings)
+    directory = model_db_directory(target, key_tokens, continuation_length, build, cache_dir)
     return load_or_rebuild(directory, f"model database of {target.name}", lambda: load(directory),
                            lambda: build_model_db(target, directory, build, key_tokens, continuation_length,
-                                                  cache_dir))
+                                                  cache_dir, command))

@@ -75,6 +75,35 @@ def iter_documents(sources: list[str]):
                 yield file.read_text(encoding="utf-8", errors="replace")
 
 
+def require_text(corpus: str, sources: list[str]) -> None:
+    """A one-line SpecbenchError unless every local source of ``corpus`` (``resolve_corpus``) holds a document with
+    text: checked before a build starts (HD builds its model database, which takes minutes, before its statistics
+    datastore), reading each source only up to its first such document. Hub datasets are checked when read, since
+    knowing would mean downloading them; the bundled ShareGPT is checked by its hash."""
+    for source in sources:
+        if source.startswith("hf:") or is_sharegpt_spec(source):
+            continue
+        if not any(text for text in iter_documents([source])):
+            raise SpecbenchError(f"corpus {corpus}: {source} holds no text, so there is nothing to build a datastore "
+                                 "from; give files with text (drafter.corpus, drafter.statistics_corpus, or "
+                                 "--corpus of scripts/build_datastore.py)")
+
+
+def corpus_bytes(sources: list[str]) -> int | None:
+    """How many bytes the local files of ``sources`` hold (what a build's time scales with), or None when a hub
+    dataset is among them (its size is known only once downloaded)."""
+    total = 0
+    for source in sources:
+        if source.startswith("hf:"):
+            return None
+        if is_sharegpt_spec(source):
+            file = bundled_sharegpt_file() if source == SHAREGPT else Path(source[len(SHAREGPT) + 1:]).expanduser()
+            total += Path(file).stat().st_size if Path(file).is_file() else 0
+            continue
+        total += sum(file.stat().st_size for file in corpus_files(source))
+    return total
+
+
 def corpus_files(source: str) -> list[Path]:
     """The files a local corpus source is read from, in order: the file itself, or a directory's text and
     jsonl files below it, sorted by path."""

@@ -134,6 +134,12 @@ class Drafter(ABC):
         the run's ``specbench.decoding.sampling.Sampling`` (None = greedy): load databases or models, check
         that they fit the target's tokenizer, move to its device."""
 
+    def artefacts(self, target) -> list:
+        """The cached artefacts ``prepare(target)`` looks up and builds when missing (``artefacts.PlannedArtefact``:
+        what, where, a rough build time), for ``python -m specbench.prepare``'s plan; builds nothing. [] for a
+        drafter that needs none."""
+        return []
+
     def begin(self, prompt_ids: np.ndarray) -> None:
         """Start a new question whose prompt is ``prompt_ids`` ([prompt_len] int64)."""
 

@@ -90,7 +90,10 @@ class DraftModel(Drafter):
             given = bool(spec.get("path"))
             directory = (Path(spec["path"]).expanduser() if given
                          else pruned_draft_directory(target, spec["pruned"], self.cache_dir))
-            draft = pruned_draft(target, directory, spec["pruned"], given)
+            from specbench.artefacts import prepare_command
+
+            draft = pruned_draft(target, directory, spec["pruned"], given,
+                                 None if given else prepare_command(target.name, self.name))
             draft.to(target.device).eval()
             use_linear_backend(draft, "auto")
             draft_name = f"pruned {directory.name}"
@@ -123,6 +126,16 @@ class DraftModel(Drafter):
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(self.sampling.seed)
         self.device = target.device
+
+    def artefacts(self, target) -> list:
+        from specbench.artefacts import prepare_command
+        from specbench.pruning import planned_pruned_draft
+
+        spec = self._spec_for(target)
+        if "pruned" not in spec or spec.get("path"):
+            return []  # a hub or local checkpoint is downloaded or read, not built
+        directory = pruned_draft_directory(target, spec["pruned"], self.cache_dir)
+        return planned_pruned_draft(target, directory, spec["pruned"], prepare_command(target.name, self.name))
 
     # ---- drafting -----------------------------------------------------------------------------------
 

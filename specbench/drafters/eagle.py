@@ -191,6 +191,24 @@ class Eagle(Drafter):
                 f"--model {target.name} --kind {self.kind}")
         return spec
 
+    def artefacts(self, target) -> list:
+        from specbench.artefacts import prepare_command
+        from specbench.eagle_training import planned_head, trained_head_directory
+        from specbench.target_answers import planned_answers, resolve_prompts
+
+        spec = self._spec_for(target)
+        if "trained" not in spec or spec.get("path"):
+            return []  # a published head is downloaded or read, not built
+        settings = dict(spec["trained"] or {})
+        command = prepare_command(target.name, self.name)
+        directory = trained_head_directory(target, self.kind, settings, self.cache_dir)
+        head = planned_head(target, directory, self.kind, settings, command)
+        if directory.exists():
+            return [head]
+        # The greedy answers it trains on (training_conversations: target_answers' defaults).
+        return [planned_answers(target, resolve_prompts(None), 256, purpose=f"the {self.kind} head trains on them",
+                                command=command), head]
+
     def prepare(self, target, sampling=None) -> None:
         from specbench.models.eagle_heads import load_eagle_head
 
@@ -202,7 +220,10 @@ class Eagle(Drafter):
             given = bool(spec.get("path"))
             directory = (Path(spec["path"]).expanduser() if given
                          else trained_head_directory(target, self.kind, settings, self.cache_dir))
-            self.head = trained_head(target, directory, self.kind, settings, given)
+            from specbench.artefacts import prepare_command
+
+            self.head = trained_head(target, directory, self.kind, settings, given,
+                                     None if given else prepare_command(target.name, self.name))
             self._sources = {"head": {"trained": settings, "directory": str(directory)}}
         else:
             source = spec.get("path") or spec.get("hub_id")

@@ -139,16 +139,39 @@ class HierarchyDrafting(Drafter):
         self._tail = np.empty(0, dtype=np.int64)
 
     def prepare(self, target, sampling=None) -> None:
+        from specbench.artefacts import prepare_command
         from specbench.datastores import build
 
         self.vocab_size = target.vocab_size
+        command = prepare_command(target.name, self.name)
+        statistics = "statistics" in self.order
+        # The model database's answers take minutes on a first use: the statistics corpus (or a datastore given by
+        # path, which loads in a moment) is checked first, so that a missing or empty one fails before them.
+        given = None
+        if statistics and self.statistics_db_path == "auto":
+            build.checked_corpus(self.statistics_corpus, self.cache_dir)
+        elif statistics:
+            given = build.statistics_datastore(target, self.statistics_db_path, self.statistics_corpus, self.cache_dir)
         if "model" in self.order:
             self.model_db = build.model_db(target, self.model_db_path, 1, self.draft_length, self.per_key_capacity,
                                            self.model_db_build, self.cache_dir,
-                                           least_frequent_first=self.model_db_least_frequent_first)
-        if "statistics" in self.order:
-            self.statistics_db = build.statistics_datastore(target, self.statistics_db_path, self.statistics_corpus,
-                                                            self.cache_dir)
+                                           least_frequent_first=self.model_db_least_frequent_first, command=command)
+        if statistics:
+            self.statistics_db = given if given is not None else build.statistics_datastore(
+                target, self.statistics_db_path, self.statistics_corpus, self.cache_dir, command=command)
+
+    def artefacts(self, target) -> list:
+        from specbench.artefacts import prepare_command
+        from specbench.datastores import build
+
+        command = prepare_command(target.name, self.name)
+        planned = []
+        if "model" in self.order and self.model_db_path == "auto":
+            planned += build.planned_model_db(target, 1, self.draft_length, self.model_db_build, self.cache_dir,
+                                              command)
+        if "statistics" in self.order and self.statistics_db_path == "auto":
+            planned.append(build.planned_statistics(target, self.statistics_corpus, self.cache_dir, command=command))
+        return planned
 
     def sources(self) -> dict:
         found = {}

@@ -156,8 +156,20 @@ class RetrievalDrafter(Drafter):
     def prepare(self, target, sampling=None) -> None:
         from specbench.datastores.build import statistics_datastore
 
+        from specbench.artefacts import prepare_command
+
         require_in_vocabulary("no_match_token", self.no_match_token, target)
-        self.datastore = statistics_datastore(target, self.datastore_path, self.corpus, self.cache_dir)
+        self.datastore = statistics_datastore(target, self.datastore_path, self.corpus, self.cache_dir,
+                                              command=prepare_command(target.name, self.name))
+
+    def artefacts(self, target) -> list:
+        from specbench.artefacts import prepare_command
+        from specbench.datastores.build import planned_statistics
+
+        if self.datastore_path != "auto":
+            return []
+        return [planned_statistics(target, self.corpus, self.cache_dir, "datastore",
+                                   prepare_command(target.name, self.name))]
 
     def propose(self, context_ids: np.ndarray) -> Draft:
         length, lo, hi = self.datastore.longest_suffix_match(context_ids, self.max_suffix_length, self.min_suffix_length)

@@ -1,0 +1,82 @@
+"""Write the answers that specbench ships for a model (specbench/data/answers-<model>.json and its .jsonl.gz): the
+target's greedy answers to the prompts HD's model database is built from by default, at HD's max_new_tokens, as
+``drafter=hd`` looks them up, so that its first use on a fresh machine installs them instead of generating them.
+
+    python scripts/ship_answers.py --model smollm2-135m --seconds 1057
+
+The answers come from the cache (generated first if missing: about 18 minutes on 2 cores for smollm2-135m).
+``--seconds`` records how long their generation took, for the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+from specbench.interrupts import Interrupts
+
+_interrupts = Interrupts("ship_answers: interrupted before it started",
+                         "ship_answers: interrupted; the answers generated so far are kept: re-running resumes")
+if __name__ == "__main__":
+    _interrupts.arm()
+
+import torch  # noqa: E402  (after the interrupt handler, on purpose)
+import transformers  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+import specbench  # noqa: E402
+from specbench.config import compose  # noqa: E402
+from specbench.datastores.build import model_db_prompt_set  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
+from specbench.target_answers import SHIPPED_ANSWERS_DIR, write_shipped_answers  # noqa: E402
+
+LICENSE = ("the greedy answers of SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) to specbench's own prompts "
+           "(specbench/data/model_db_prompts.jsonl); model output shipped under the model's Apache-2.0 license")
+
+
+def machine() -> str:
+    """The CPU model (from /proc/cpuinfo where there is one), its usable cores and the OS."""
+    name = platform.processor() or "CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{platform.machine()} {name}, {len(os.sched_getaffinity(0))} usable cores, {platform.system()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="a config in conf/model/")
+    parser.add_argument("--seconds", type=float, default=None, help="how long the generation took")
+    parser.add_argument("--conditions", default=None, help="how it ran (threads, other load), for the manifest")
+    parser.add_argument("--out", default=str(SHIPPED_ANSWERS_DIR), help="where to write (default: the package data)")
+    args = parser.parse_args()
+    try:
+        cfg = compose([f"model={args.model}", "drafter=hd"])
+        build = OmegaConf.to_container(cfg.drafter.model_db_build, resolve=True)
+        prompts, _ = model_db_prompt_set(build)  # exactly the prompts drafter=hd answers
+        target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
+        generated = {"machine": machine(), "python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "specbench": specbench.__version__,
+                     "dtype": str(target.dtype).removeprefix("torch."), "batch_size": build["batch_size"],
+                     "seconds": args.seconds, "conditions": args.conditions,
+                     "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                     "by": "scripts/build_model_db.py --model " + args.model}
+        manifest = write_shipped_answers(target, prompts, build["max_new_tokens"], Path(args.out), generated, LICENSE,
+                                         cfg.drafter.cache_dir)
+    except SpecbenchError as error:
+        print(f"ship_answers: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    print(f"ship_answers: {manifest['answers']} answers ({manifest['answer_tokens']} tokens) of {args.model}, key "
+          f"{manifest['key']}, written to {args.out}")
+
+
+if __name__ == "__main__":
+    _interrupts.run(main)
