@@ -203,7 +203,8 @@ def _wrap(text: str, width: int, **options) -> list[str]:
     return textwrap.wrap(text, width, break_on_hyphens=False, **options)
 
 
-def _number(value, suffix: str = "") -> str:
+def number_text(value, suffix: str = "") -> str:
+    """A number as compare shows it, printed and in the report: two decimals and ``suffix``, "-" for none."""
     return "-" if pd.isna(value) else f"{value:.2f}{suffix}"
 
 
@@ -223,10 +224,10 @@ def compare_text(table: pd.DataFrame, questions: pd.DataFrame, published: pd.Dat
     shown = pd.DataFrame({
         "method": [_cut(label, 18) for label in table.label], "task": list(table.task),
         "published": [_cut(f"{number} {method}", 24) for number, method in zip(table.table, table.method)],
-        "MAT": table.mat.map(_number), "pub MAT": table.mat_published.map(_number),
-        "ratio": table.mat_ratio.map(_number), "speedup": table.speedup.map(lambda v: _number(v, "x")),
-        "pub speedup": table.speedup_published.map(lambda v: _number(v, "x")),
-        "ratio ": table.speedup_ratio.map(_number), "hw": table.same_hardware.map(_hardware_flag),
+        "MAT": table.mat.map(number_text), "pub MAT": table.mat_published.map(number_text),
+        "ratio": table.mat_ratio.map(number_text), "speedup": table.speedup.map(lambda v: number_text(v, "x")),
+        "pub speedup": table.speedup_published.map(lambda v: number_text(v, "x")),
+        "ratio ": table.speedup_ratio.map(number_text), "hw": table.same_hardware.map(_hardware_flag),
         "notes": table.differs.map(lambda text: notes.get(text, ""))}).astype(str)
     lines = [*_wrap(AGREEMENT, WIDTH), ""]
     lines += (_aligned(shown, ("method", "task", "published", "hw", "notes")) if len(shown)

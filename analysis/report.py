@@ -16,6 +16,7 @@ from analysis.display import (MISSING, PAGE_PX, TableLayout, environment_rows, r
 from analysis.figures import make_all
 from analysis.runs import read_run_json, read_summary, untrusted_runs
 from analysis.compare import AGREEMENT, compare_table, mat_figure, mat_pairs
+from analysis.compare import number_text
 from analysis.published import select_published
 from analysis.tables import (ACCEPTANCE_LEGEND, acceptance_cells, acceptance_headers, acceptance_table, formatted,
                              leaderboard)
@@ -145,7 +146,7 @@ def compare_section(questions: pd.DataFrame, published: pd.DataFrame, scratch: P
                 "leaderboard (python -m analysis compare --published all for every transcribed source).</p>")
     shown = overall[list(COMPARE_SHOWN)].copy()
     for column in ("speedup", "speedup_published"):
-        shown[column] = [MISSING if pd.isna(value) else f"{value:.2f}x" for value in shown[column]]
+        shown[column] = shown[column].map(lambda value: number_text(value, "x"))  # compare's own printout format
     # What differs from each published table (model, hardware, dtype, questions) is the same for every method
     # measured against it, so it is said once per table; a tuned method's own difference is its label.
     lines = []
