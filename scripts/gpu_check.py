@@ -438,14 +438,24 @@ def device_map_row(check: Check, device_map: str):
             + (f"{differ} differ from one device" if differ else f"{', '.join(single)} tokens == one device"))
 
 
-def tensor_parallel_row(check: Check):
+def tensor_parallel_launch(check: Check, out: Path) -> tuple[int, str, list[str], dict]:
+    """The torchrun command of the tensor-parallel row and its environment: one process per GPU with two or more,
+    else 2 CPU processes with CUDA hidden from them (transformers binds each process to the GPU of its LOCAL_RANK
+    whenever torch sees one, and a one-GPU machine has no second)."""
     gpus = torch.cuda.device_count() if check.cuda else 0
     processes, where = (gpus, "cuda") if gpus >= 2 else (2, "cpu")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+               str(Path(__file__).resolve()), "--tp-worker", "--device", where, "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if where == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return processes, where, command, env
+
+
+def tensor_parallel_row(check: Check):
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "tp.json"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-                   str(Path(__file__).resolve()), "--tp-worker", "--device", where, "--out", str(out)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        processes, where, command, env = tensor_parallel_launch(check, out)
         done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
         if done.returncode != 0 or not out.exists():
             tail = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()][-1:] or ["no output"]

@@ -29,9 +29,10 @@ class Processes:
         return self.rank == 0
 
     @staticmethod
-    def from_environment(tp_plan) -> Processes:
+    def from_environment(tp_plan, device: str = "auto") -> Processes:
         """This job's processes as torchrun describes them (one process outside torchrun); starts the process
-        group before the model loads, so that transformers' tensor parallelism joins it."""
+        group before the model loads, so that transformers' tensor parallelism joins it. ``device`` is
+        ``run.device``: the collective backend follows it (gloo for the CPU, NCCL for GPUs)."""
         world_size = job_size()
         if world_size == 1:
             return Processes()
@@ -41,11 +42,11 @@ class Processes:
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         distributed = torch.distributed
         if not distributed.is_initialized():
-            cuda = torch.cuda.is_available()
-            if cuda:
+            backend = collective_backend(device, world_size)
+            if backend == "nccl":
                 torch.cuda.set_device(local_rank)
             # Loading a large model's shards can keep ranks apart for long; the default 10-minute watchdog is short.
-            distributed.init_process_group(backend="nccl" if cuda else "gloo", rank=rank, world_size=world_size,
+            distributed.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                            timeout=timedelta(hours=2))
         # Decisions are Python objects: a gloo group carries them whatever the tensors' backend is.
         group = distributed.new_group(backend="gloo")
@@ -74,3 +75,35 @@ class Processes:
         if kind == "error":
             raise SpecbenchError(value)
         return value
+
+
+def collective_backend(device: str, world_size: int) -> str:
+    """The ``torch.distributed`` backend for ``world_size`` processes on ``run.device``: NCCL with one GPU per
+    process, gloo on the CPU. For the CPU, CUDA is hidden from this process first: transformers binds every
+    process to the GPU of its LOCAL_RANK whenever torch reports an accelerator (``_bind_local_device``), so on a
+    GPU machine a CPU job's second process would ask for a GPU that may not exist ("invalid device ordinal")."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        hide_cuda()
+        return "gloo"
+    if device != "cuda":
+        raise SpecbenchError(f"run.device={device!r} under torchrun: every process takes the GPU of its LOCAL_RANK; "
+                             "use run.device=cuda (or auto), or cpu")
+    count = torch.cuda.device_count()
+    if world_size > count:
+        raise SpecbenchError(f"this torchrun job has {world_size} processes, one per GPU, but torch sees {count} "
+                             f"GPU(s): use --nproc-per-node {count} or fewer (at least 2), or run.device=cpu")
+    return "nccl"
+
+
+def hide_cuda() -> None:
+    """Make this process's torch (and so transformers) see no GPU: CUDA_VISIBLE_DEVICES is read when torch first
+    counts the devices, so this holds only while nothing has counted them yet; otherwise one line says how to
+    start the job instead."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    accelerator = getattr(torch._C, "_get_accelerator", None)  # what transformers reads
+    if torch.cuda.is_available() or (accelerator is not None and accelerator().type == "cuda"):
+        raise SpecbenchError("run.device=cpu under torchrun, but torch counted this machine's GPUs before specbench "
+                             "could hide them (transformers would bind each process to one); start the job as "
+                             "`CUDA_VISIBLE_DEVICES= torchrun ...`")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -41,6 +42,7 @@ from specbench.config import check_config
 from specbench.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
 from specbench.records import (SCHEMA_VERSION, Answer, RunDirectory, read_json_file, settings_differences,
                                write_atomically)
+from specbench.run_identity import loaded_placement, planned_settings, unrecorded_refusal
 from specbench.runlock import RunLock
 from specbench.settings import RunSettings
 
@@ -262,10 +264,14 @@ def earlier_settings(output_dir: str | Path) -> dict | None:
 
 def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict) -> None:
     """Refuse, without touching anything, to continue a run directory whose run.json (``earlier``) differs in
-    ``settings``' keys. The rest (weights, dtype, device, threads, software) is checked by RunDirectory.open
-    once the model is loaded, before anything is written."""
+    ``settings``' keys, or that was recorded before its placement was (``specbench.run_identity``). The rest
+    (weights, dtype, devices, threads, software) is checked by RunDirectory.open once the model is loaded, before
+    anything is written."""
     if earlier is None:
         return
+    refusal = unrecorded_refusal(output_dir, earlier)
+    if refusal is not None:
+        raise refusal
     changed = settings_differences(earlier, settings, sorted(settings))
     if changed:
         raise SpecbenchError(f"{output_dir} holds results of a run with other settings ({'; '.join(changed)}); "
@@ -328,7 +334,7 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
     questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
     if settings.device != "auto":
         resolve_device(settings.device)  # a device torch cannot give is refused before anything else happens
-    processes = Processes.from_environment(cfg.model.get("tp_plan"))
+    processes = Processes.from_environment(cfg.model.get("tp_plan"), settings.device)
     if processes.world_size > 1 and settings.draft_budget == "auto":
         raise SpecbenchError("run.draft_budget=auto decides every step from that process's own clock, so the "
                              "processes of a tensor-parallel run would verify different drafts; use run.draft_budget=off")
@@ -341,7 +347,7 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
 
 def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output_dir: str, on_open,
          processes: Processes) -> dict:
-    wanted = config_settings(cfg)
+    wanted = {**config_settings(cfg), **planned_settings(processes.world_size)}
     run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
 
     def check_directory():
@@ -366,7 +372,8 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
         settings.check_context(model.max_context, f"{model.name}'s context of {model.max_context} tokens")
         sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
         drafter.prepare(model, sampling)
-        loaded = loaded_settings(model, drafter)  # every process: the weights' fingerprint gathers shards
+        # every process: the weights' fingerprint gathers shards
+        loaded = {**loaded_settings(model, drafter), **loaded_placement(model)}
         finished = processes.decide(lambda: run_dir.open({**wanted, **loaded}))  # checks the loaded part too
         lock.keep()
         if on_open is not None:
@@ -396,8 +403,8 @@ def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, s
     pending = _skip_too_long(model, pending, run_dir)
     if pending:
         saved_state = _saved_drafter_state(drafter, run_dir, finished, processes)
-        _warm_up(settings, model, decoder, drafter, baseline, pending, run_dir.path, processes,
-                 teach_state=saved_state is None)
+        pending = _warm_up_on_one_that_fits(settings, model, decoder, drafter, baseline, pending, run_dir, processes,
+                                            teach_state=saved_state is None)
         _restore_drafter_state(drafter, run_dir, finished, saved_state)
 
     bar = tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
@@ -580,6 +587,43 @@ def _warm_up_state(settings: RunSettings, model: LoadedModel, decoder: Decoder, 
             return
 
 
+class _WarmUpOutOfMemory(Exception):
+    """The warm-up or the calibration ran out of GPU memory; ``record`` was read while the failed pass's tensors
+    were alive (gpu_memory.out_of_memory_record)."""
+
+    def __init__(self, record: dict):
+        super().__init__(record["reason"])
+        self.record = record
+
+
+@contextlib.contextmanager
+def _out_of_memory_as_skip(model: LoadedModel, prompt: Prompt, decoded_by: str, phase: str):
+    try:
+        yield
+    except gpu_memory.OUT_OF_MEMORY_ERRORS as error:
+        raise _WarmUpOutOfMemory(gpu_memory.out_of_memory_record(
+            error, model.devices, prompt.question_id, decoded_by, len(first_turn_ids(model, prompt)), phase)) from None
+
+
+def _warm_up_on_one_that_fits(settings: RunSettings, model: LoadedModel, decoder: Decoder, drafter, baseline,
+                              pending: list[Prompt], run_dir: RunDirectory, processes: Processes,
+                              teach_state: bool) -> list[Prompt]:
+    """``_warm_up`` on the first pending question; one that runs out of GPU memory there (in the warm-up or the
+    calibration) is recorded as a question that ran out of it, as in its measured decode, and the next one warms
+    up instead. Returns the questions left to measure."""
+    while pending:
+        try:
+            _warm_up(settings, model, decoder, drafter, baseline, pending, run_dir.path, processes, teach_state)
+            return pending
+        except _WarmUpOutOfMemory as failure:
+            record = failure.record
+        gpu_memory.release_cached_memory(model.devices)  # the traceback is gone: what the pass held can be freed
+        log.warning("skipping %s", record["reason"])
+        run_dir.skip(pending[0], record.pop("reason"), cause="out_of_memory", details=record)
+        pending = pending[1:]
+    return pending
+
+
 def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, pending: list[Prompt],
              run_path: Path, processes: Processes, teach_state: bool = True) -> None:
     """Decode the first pending question untimed, so that lazy initialisation and caches do not land in the first
@@ -597,14 +641,17 @@ def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, 
                                                                       for key, value in state.items()}
     for _ in range(settings.warmup_runs):
         for which in (baseline,) if state_warm_up else (drafter, baseline):
-            decoder.generate(prompt_ids, which, budget)
+            with _out_of_memory_as_skip(model, pending[0], which.name, "warm-up"):
+                decoder.generate(prompt_ids, which, budget)
     if state_warm_up:
-        _warm_up_state(settings, model, decoder, drafter, pending[0])
+        with _out_of_memory_as_skip(model, pending[0], drafter.name, "warm-up"):
+            _warm_up_state(settings, model, decoder, drafter, pending[0])
     if untaught is not None:
         drafter.restore(untaught)
     latency_file = run_path / "verify_latency.json"
     saved = processes.share(saved_latencies(latency_file))
-    latencies = calibrate(settings, model, decoder, prompt_ids, measured=saved)
+    with _out_of_memory_as_skip(model, pending[0], baseline.name, "calibration"):
+        latencies = calibrate(settings, model, decoder, prompt_ids, measured=saved)
     if processes.world_size > 1 and saved is None:  # every process measured; all pad as rank 0 measured
         latencies = calibrate(settings, model, decoder, prompt_ids, measured=processes.share(latencies))
     if latencies and saved is None:

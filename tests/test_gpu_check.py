@@ -36,3 +36,31 @@ def test_gpu_check_passes_on_the_cpu(tmp_path):
     assert all(row["name"].startswith(("2 float16", "4 device_map=auto")) for row in skipped), skipped
     for row in rows:
         assert row["name"] in done.stdout  # the table is printed, every row in it
+
+
+def gpu_check_module():
+    """scripts/gpu_check.py imported as a module (its command runs only as __main__)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("gpus,processes,where", [(1, 2, "cpu"), (2, 2, "cuda"), (4, 4, "cuda")])
+def test_the_tensor_parallel_row_hides_cuda_from_its_cpu_processes(monkeypatch, tmp_path, gpus, processes, where):
+    import torch
+
+    gpu_check = gpu_check_module()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)  # a CUDA machine, simulated
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    check = gpu_check.Check(torch.device("cpu"), quick=True)
+    check.cuda = True
+    found, found_where, command, env = gpu_check.tensor_parallel_launch(check, tmp_path / "tp.json")
+    assert (found, found_where) == (processes, where)
+    assert command[command.index("--nproc-per-node") + 1] == str(processes)
+    assert command[command.index("--device") + 1] == where
+    # CPU processes see no GPU, so transformers binds none of them to one (a one-GPU machine has no second)
+    assert env.get("CUDA_VISIBLE_DEVICES") == ("" if where == "cpu" else None)
