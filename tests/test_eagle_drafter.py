@@ -18,6 +18,12 @@ from specbench.errors import SpecbenchError
 
 WIDTH, VOCAB = 8, 40
 
+# EAGLE-1's static tree restated from its source, not from specbench's copy: Spec-Bench model/eagle/choices.py:1-3
+# @fd2c1cd, the same list as SafeAILab/EAGLE eagle/model/choices.py:1-3 @cb7e084 (paths of sibling ranks).
+MC_SIM_7B_63 = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0],
+                [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0],
+                [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]]
+
 
 class ScriptedHead(torch.nn.Module):
     """out = tanh(hidden + E[token]) for tree nodes (hidden = the parent's out), hidden @ P for target
@@ -129,8 +135,13 @@ def reference_dynamic_tree(head, root_out, total_tokens, depth, top_k):
     return {path for _, path, _ in heapq.nlargest(total_tokens - 1, candidates, key=lambda c: c[0])}
 
 
+def test_mc_sim_7b_63_is_the_published_tree_path_by_path():
+    # In the source's order: a swapped path is another numbering of the draft.
+    assert STATIC_TREES["mc_sim_7b_63"] == [tuple(path) for path in MC_SIM_7B_63]
+
+
 def test_mc_sim_7b_63_has_25_nodes_five_deep_and_feeds_only_nodes_with_children():
-    plan = StaticTreePlan(STATIC_TREES["mc_sim_7b_63"])
+    plan = StaticTreePlan([tuple(path) for path in MC_SIM_7B_63])
     assert len(plan) == 25
     assert [level.size for level in plan.template.levels] == [4, 8, 8, 3, 2]
     assert [fed.size for fed in plan.fed] == [4, 4, 1, 1]  # 1 + 4 head passes per step, as EAGLE-1's buffers
@@ -139,7 +150,7 @@ def test_mc_sim_7b_63_has_25_nodes_five_deep_and_feeds_only_nodes_with_children(
 def test_the_static_tree_is_each_paths_ranked_token_under_its_parent():
     head = ScriptedHead()
     draft, root_out = first_draft(drafter_with(head, tree="static"), [5, 6, 7, 8], 9)
-    assert set(paths_of(draft)) == reference_static_tree(head, root_out, STATIC_TREES["mc_sim_7b_63"])
+    assert set(paths_of(draft)) == reference_static_tree(head, root_out, [tuple(path) for path in MC_SIM_7B_63])
     # One pass over the 4 prompt pairs, then one per depth with children, each at the depth's position.
     assert head.fed == [(True, 4, [0, 1, 2, 3]), (False, 4, [4] * 4), (False, 4, [5] * 4), (False, 1, [6]),
                         (False, 1, [7])]
