@@ -68,12 +68,18 @@ def describe(figures: dict[str, dict[str, int]] | None) -> str:
                      for device, values in figures.items())
 
 
-def out_of_memory_record(error: BaseException, devices, question_id, decoded_by: str, prompt_tokens: int) -> dict:
+PHASES = {"question": "", "warm-up": " in the warm-up", "calibration": " in the calibration of verify latency"}
+
+
+def out_of_memory_record(error: BaseException, devices, question_id, decoded_by: str, prompt_tokens: int,
+                         phase: str = "question") -> dict:
     """What skipped.jsonl keeps of a question that ran out of GPU memory: a one-line ``reason``, the
-    ``memory_figures`` (None on a CPU), which decoder ran out (the drafter's name, ``ar`` for the baseline), the
-    first turn's prompt length in tokens and torch's message."""
+    ``memory_figures`` (None on a CPU), which decoder ran out (the drafter's name, ``ar`` for the baseline) and in
+    which ``phase`` (its measured decode, or the untimed warm-up and calibration that run on the first pending
+    question), the first turn's prompt length in tokens and torch's message."""
     figures = memory_figures(devices)
     message = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return {"reason": f"question {question_id} ran out of GPU memory while decoded by {decoded_by} "
+    return {"reason": f"question {question_id} ran out of GPU memory while decoded by {decoded_by}{PHASES[phase]} "
                       f"({describe(figures)}; first turn {prompt_tokens} prompt tokens)",
-            "memory": figures, "decoded_by": decoded_by, "first_turn_prompt_tokens": prompt_tokens, "error": message}
+            "memory": figures, "decoded_by": decoded_by, "phase": phase, "first_turn_prompt_tokens": prompt_tokens,
+            "error": message}

@@ -8,12 +8,15 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from specbench import gpu_memory
 from specbench.config import compose
+from specbench.decoding.contract import Draft
 from specbench.decoding.loop import Decoder
+from specbench.decoding.plan import plan_verification, verification_inputs
 from specbench.records import format_summary_table, read_answers, read_jsonl_records
 from specbench.runner import environment, loaded_settings, run_benchmark
 
@@ -246,3 +249,282 @@ def test_an_ad_hoc_sweep_has_a_directory_that_does_not_change(tmp_path):
     assert cfg.hydra.sweep.dir == "runs/multirun/tiny-random"  # no ${now}: the same command finds the same cells
     # Named by their overrides, not numbered: a cell keeps its directory when the sweep's order changes.
     assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.override_dirname}"
+
+
+# --- a target an error left half-changed (issue 30, item 1) ----------------------------------------------------
+
+def _raise_in_passes_of_more_than_one_token(model, error):
+    """A forward pre-hook on the model's first decoder layer that raises ``error`` inside every pass over more than
+    one token after the prefill: a verification of a draft, as an out-of-memory error would strike it."""
+    layer = model.model.layers[0]
+
+    def hook(module, args, kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        position_ids = kwargs.get("position_ids")
+        if hidden is not None and hidden.shape[1] > 1 and position_ids is not None and int(position_ids.min()) > 0:
+            raise error
+
+    return layer.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _fresh_state(target) -> dict:
+    return {"cache": target._cache, "mask": target._mask, "hidden": target._hidden, "length": target.length}
+
+
+def test_an_error_inside_a_verification_pass_leaves_the_target_as_a_fresh_one(tiny, prompt_ids):
+    from conftest import ScriptedDrafter, greedy_reference
+    from specbench.targets.transformers import TransformersTarget
+
+    target = tiny.backend
+    ids = prompt_ids[0]
+    reference = greedy_reference(tiny.model, ids, 12)
+    drafter = ScriptedDrafter(reference, 3)
+    handle = _raise_in_passes_of_more_than_one_token(tiny.model, torch.OutOfMemoryError(OOM_MESSAGE))
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            Decoder(target, frozenset(), 8).generate(ids, drafter, 12)
+    finally:
+        handle.remove()
+    fresh = TransformersTarget(tiny.model)
+    assert _fresh_state(target) == _fresh_state(fresh) == {"cache": None, "mask": None, "hidden": None, "length": 0}
+    # and it decodes as a fresh one would
+    assert Decoder(target, frozenset(), 8).generate(ids, drafter, 12).token_ids == reference
+
+
+@torch.inference_mode()
+def test_a_failed_pass_puts_the_mask_block_back_for_a_caller_that_keeps_the_sequence(tiny, prompt_ids):
+    """The nodes' [q, q] block is written into the persistent mask before the pass; a pass that raises must still
+    leave every column visible, or a later pass over this cache would not see those cached positions."""
+    from specbench.targets.transformers import TransformersTarget
+
+    target = TransformersTarget(tiny.model)
+    ids = np.asarray(prompt_ids[1], dtype=np.int64)
+    target.start(ids.size + 16)
+    target.prefill(ids, False, 2)
+    plan = plan_verification(Draft.chain([5, 6, 7]), int(ids[-1]), 8, 8)
+    handle = _raise_in_passes_of_more_than_one_token(tiny.model, RuntimeError("inside the pass"))
+    try:
+        with pytest.raises(RuntimeError, match="inside the pass"):
+            target.verify(verification_inputs(plan, target.length, plan.n_nodes), plan.n_nodes, 2)
+    finally:
+        handle.remove()
+    assert bool(target._mask.all())
+    target.start(8)  # a new sequence never inherits a mask
+    assert target._mask is None and target.length == 0
+
+
+def test_out_of_memory_in_the_warm_up_is_recorded_like_one_in_a_question(tmp_path, monkeypatch):
+    """The warm-up decodes the first pending question untimed; running out of memory there is that question's
+    out-of-memory record (phase warm-up), and the next question warms up and the run goes on."""
+    original = Decoder.generate
+    warm_ups = []
+
+    def generate(self, prompt_ids, drafter, max_new_tokens, on_step=None, seed=None):
+        if seed is None:  # the warm-up's decodes carry no question seed
+            warm_ups.append(drafter.name)
+            if len(warm_ups) == 1:
+                raise torch.OutOfMemoryError(OOM_MESSAGE)
+        return original(self, prompt_ids, drafter, max_new_tokens, on_step=on_step, seed=seed)
+
+    monkeypatch.setattr(Decoder, "generate", generate)
+    cfg = compose(["model=tiny-random", "run.max_new_tokens=8", "task.tasks=[qa]", "task.limit_per_task=3"])
+    summary = run_benchmark(cfg, str(tmp_path))
+    [skipped] = read_jsonl_records(tmp_path / "skipped.jsonl")
+    answered = [record["question_id"] for record in read_answers(tmp_path)]
+    assert len(answered) == 2 and skipped["question_id"] not in answered
+    assert skipped["cause"] == "out_of_memory" and skipped["phase"] == "warm-up" and skipped["decoded_by"] == "pld"
+    assert "ran out of GPU memory while decoded by pld in the warm-up" in skipped["reason"]
+    assert summary["skipped_by_cause"] == {"out_of_memory": 1}
+    assert warm_ups[:2] == ["pld", "pld"]  # the next question warmed up in its place
+
+
+def test_out_of_memory_in_the_calibration_is_recorded_like_one_in_a_question(tmp_path, monkeypatch):
+    original = Decoder.measure_verify_latency
+    calls = []
+
+    def measure(self, prompt_ids, sizes, repeats):
+        calls.append(len(prompt_ids))
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError(OOM_MESSAGE)
+        return original(self, prompt_ids, sizes, repeats)
+
+    monkeypatch.setattr(Decoder, "measure_verify_latency", measure)
+    cfg = compose(["model=tiny-random", "run.max_new_tokens=8", "task.tasks=[qa]", "task.limit_per_task=2",
+                   "run.verify_padding=auto", "run.calibration_repeats=1"])
+    run_benchmark(cfg, str(tmp_path))
+    [skipped] = read_jsonl_records(tmp_path / "skipped.jsonl")
+    assert skipped["phase"] == "calibration" and skipped["cause"] == "out_of_memory"
+    assert "in the calibration of verify latency" in skipped["reason"]
+    assert len(read_answers(tmp_path)) == 1 and len(calls) == 2
+
+
+# --- the logits' device under accelerate's device_map (item 2) ---------------------------------------------
+
+class _PlacedOverTwoDevices(torch.nn.Module):
+    """A model whose embeddings and output layer sit on two devices (cpu and meta stand for two GPUs), with the
+    device map accelerate leaves on a model it dispatched."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(4, 2)
+        self.head = torch.nn.Linear(2, 4, device="meta")
+        self.hf_device_map = {"embed": "cpu", "head": "meta"}
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return self.head
+
+
+def test_under_device_map_the_logits_are_on_the_inputs_device():
+    """accelerate's dispatch_model puts a hook on the model itself that returns its outputs to the device its inputs
+    came from (AlignDevicesHook(io_same_device=True)): the logits are on the embeddings' device, not the output
+    layer's, and the draft model, the generators and the sampling verifier must go there."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+    from specbench.targets.transformers import model_devices
+
+    model = _PlacedOverTwoDevices()
+    assert model_devices(model)[:2] == (torch.device("cpu"), torch.device("meta"))  # without the root hook
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True))
+    input_device, logits_device, devices = model_devices(model)
+    assert input_device == logits_device == torch.device("cpu")
+    assert set(devices) == {torch.device("cpu"), torch.device("meta")}
+
+
+@torch.inference_mode()
+def test_a_pass_whose_logits_come_back_elsewhere_is_refused(tiny, prompt_ids):
+    from specbench.errors import SpecbenchError
+    from specbench.targets.transformers import TransformersTarget
+
+    target = TransformersTarget(tiny.model)
+    target.device = torch.device("meta")  # what it was told at set-up; the pass says cpu
+    target.start(64)
+    with pytest.raises(SpecbenchError, match="logits came back on cpu, but it was set up for meta"):
+        target.prefill(np.asarray(prompt_ids[0], dtype=np.int64), False, 2)
+
+
+# --- dtype auto and logits that are not finite (item 4) ------------------------------------------------------
+
+def test_dtype_auto_is_the_checkpoints_half_precision_on_a_gpu(monkeypatch):
+    from specbench.models.devices import resolve_dtype
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert resolve_dtype("auto", cuda, torch.bfloat16) == torch.bfloat16
+    assert resolve_dtype("auto", cuda, torch.float16) == torch.float16
+    assert resolve_dtype("auto", cuda, torch.float32) == torch.float16  # as Spec-Bench runs a float32 checkpoint
+    assert resolve_dtype("auto", cuda, None) == torch.float16
+    assert resolve_dtype("auto", cpu, torch.bfloat16) == torch.float32
+    assert resolve_dtype("float16", cuda, torch.bfloat16) == torch.float16  # an explicit choice is kept
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert resolve_dtype("auto", cuda, torch.bfloat16) == torch.float16
+
+
+def test_a_bfloat16_checkpoint_loads_in_bfloat16_on_a_gpu(tmp_path, monkeypatch):
+    """load_pretrained reads the checkpoint's dtype from its config before loading (Qwen2.5, Qwen3 and Llama-3.1
+    are saved in bfloat16, and overflow float16)."""
+    import transformers
+
+    from specbench.models import hub
+
+    import json
+
+    from test_errors import save_tiny_checkpoint
+
+    save_tiny_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["dtype"] = "bfloat16"  # as Qwen2.5's config.json says
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(hub, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    asked = []
+
+    class Loaded(Exception):
+        pass
+
+    def from_pretrained(source, dtype=None, **kwargs):
+        asked.append(dtype)
+        raise Loaded
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(Exception):  # the loader's own error for the stand-in's exception: the dtype was asked for
+        hub.load_pretrained("checkpoint", path=str(tmp_path), device="cuda", dtype="auto")
+    assert asked and asked[0] == torch.bfloat16
+
+
+def test_a_pass_whose_logits_are_not_finite_stops_in_one_line(tiny, prompt_ids):
+    """NaN logits give the method and the baseline the same argmax, so the lossless check would pass; the choices'
+    one read carries a finiteness flag, and a pass that fails it stops the decode."""
+    from specbench.drafters.ar import NoDraft
+    from specbench.targets.transformers import NonFiniteLogits, TransformersTarget
+
+    target = TransformersTarget(tiny.model)
+    calls = []
+
+    def overflow(module, args, output):
+        calls.append(output.shape[1])
+        if len(calls) > 2:  # the prefill and a step are fine; then the model overflows
+            return torch.full_like(output, float("nan"))
+        return output
+
+    handle = tiny.model.lm_head.register_forward_hook(overflow)
+    try:
+        with pytest.raises(NonFiniteLogits) as raised:
+            Decoder(target, frozenset(), 8).generate(prompt_ids[0], NoDraft(), 8)
+    finally:
+        handle.remove()
+    message = str(raised.value)
+    assert "\n" not in message and "not finite" in message and "float32" in message
+    assert target.length == 0  # and the target was released
+
+
+# --- every draw of a decode from that decode's seed (item 5) --------------------------------------------------
+
+def test_a_sampled_draft_model_answer_does_not_depend_on_what_was_decoded_before(tiny, prompt_ids):
+    from specbench.decoding.sampling import Sampling
+    from specbench.drafters.draft_model import DraftModel
+
+    sampling = Sampling(temperature=1.0, seed=3)
+    drafter = DraftModel(drafts_by_family={"tiny-random": {"pruned": {"layers": 1, "selection": "first",
+                                                                      "distill_tokens": 0}}}, gamma=3)
+    drafter.prepare(tiny, sampling)
+    decoder = Decoder(tiny.backend, frozenset(), 8, sampling=sampling)
+    alone = decoder.generate(prompt_ids[1], drafter, 24, seed=11)
+    decoder.generate(prompt_ids[0], drafter, 24, seed=5)  # another question before it
+    after_another = decoder.generate(prompt_ids[1], drafter, 24, seed=11)
+    assert after_another.token_ids == alone.token_ids
+    assert [step.accepted_tokens for step in after_another.steps] == [step.accepted_tokens for step in alone.steps]
+
+
+# --- an answer's peak memory is its own (item 6) ----------------------------------------------------------------
+
+def test_no_cache_of_the_previous_answer_is_held_when_the_peak_is_reset(tmp_path, monkeypatch):
+    """Peaks are reset before every answer; by then neither the target nor a draft model may still hold the last
+    decode's KV cache (about 7% of Vicuna-7B's peak at 2k tokens)."""
+    from specbench.drafters.draft_model import DraftModel
+    from specbench.targets.transformers import TransformersTarget
+
+    targets, drafters, held = [], [], []
+    original_init, original_begin = TransformersTarget.__init__, DraftModel.begin
+
+    def init(self, model):
+        targets.append(self)
+        original_init(self, model)
+
+    def begin(self, prompt_ids):
+        drafters.append(self)
+        original_begin(self, prompt_ids)
+
+    def reset_peak(devices):
+        held.append([target.length for target in targets] + [drafter.cache is not None for drafter in drafters])
+
+    monkeypatch.setattr(TransformersTarget, "__init__", init)
+    monkeypatch.setattr(DraftModel, "begin", begin)
+    monkeypatch.setattr(gpu_memory, "reset_peak", reset_peak)
+    cfg = compose(["model=tiny-random", "drafter=sps", "run.max_new_tokens=8", "task.tasks=[qa]",
+                   "task.limit_per_task=2", "drafter.drafts_by_family.tiny-random.pruned.layers=1"])
+    run_benchmark(cfg, str(tmp_path))
+    assert len(held) == 4 and drafters  # two questions, method and baseline each
+    assert all(not any(state) for state in held), held

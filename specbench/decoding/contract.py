@@ -3,9 +3,11 @@
 A drafter is prepared once for a target model, then lives through one question at a time:
 
     prepare(target, sampling)       load what it needs for this target and sampling configuration
+    seed(decode_seed)               a new decode: the seed every random draw of this decode comes from
     begin(prompt_ids)               a new question: reset per-question state
     propose(context_ids) -> Draft   candidate tokens for the next step (may be empty)
     accept(accepted_ids, outcome)   what the target kept, so stateful drafters can learn from it
+    release()                       the decode is over (or failed): free its device memory
 
 Per question the loop calls ``begin`` once, then ``accept`` for the prefill (step 0, whose outcome carries
 ``Draft.empty()``), then ``propose`` and ``accept`` once each per decoding step 1, 2, ..., always in that
@@ -140,8 +142,18 @@ class Drafter(ABC):
         drafter that needs none."""
         return []
 
+    def seed(self, decode_seed: int) -> None:
+        """Called before ``begin`` of every decode with a seed of that decode's own: a drafter that draws random
+        numbers (a draft model sampling its tokens) draws them all from it, so that an answer does not depend on
+        what was decoded before it, and a resumed run samples what an uninterrupted one did."""
+
     def begin(self, prompt_ids: np.ndarray) -> None:
         """Start a new question whose prompt is ``prompt_ids`` ([prompt_len] int64)."""
+
+    def release(self) -> None:
+        """Called after every decode, also one an error cut short: drop what belongs to that decode alone on the
+        device (a draft model's KV cache), so that the next answer's peak memory does not count it. What is
+        carried across questions (``state``) stays."""
 
     @abstractmethod
     def propose(self, context_ids: np.ndarray) -> Draft:

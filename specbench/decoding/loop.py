@@ -20,6 +20,7 @@ proposing and after learning. A host-only drafter's step thus costs one synchron
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -152,6 +153,12 @@ class _Sequence:
         self.ended = ended
 
 
+def drafter_seed(decode_seed: int) -> int:
+    """The seed of a drafter's own draws in a decode seeded ``decode_seed``: of that decode alone, and apart from
+    the verifier's draws (the same stream in both would correlate a draft token with its acceptance test)."""
+    return zlib.crc32(f"{decode_seed}:drafter".encode())
+
+
 class Decoder:
     """Runs prefill + draft/verify steps on a target.
 
@@ -212,22 +219,31 @@ class Decoder:
         progress display; it should return quickly, since its time counts in the wall time (not in a phase).
         seed: seed of this decode's random draws when sampling (default: the sampling config's seed).
         """
+        decode_seed = self.sampling.seed if seed is None else seed
         generator = torch.Generator(device=self.target.device)
-        generator.manual_seed(self.sampling.seed if seed is None else seed)
+        generator.manual_seed(decode_seed)
+        drafter.seed(drafter_seed(decode_seed))
         self._drafter_top_k = max(self.target_top_k, int(drafter.target_top_k))
         self._read_k = max(self.top_k, self._drafter_top_k)
         # The clock read that ends a drafter's work: fenced only when it may have queued device work.
         self._fence_drafter = self.clock.read if drafter.queues_device_work else self.clock.now
         sequence = _Sequence(np.asarray(prompt_ids, dtype=np.int64), max_new_tokens + self.max_draft_tokens + 1)
-        self.target.start(sequence.buffer.size)
-        self.target.request_hidden_states(tuple(drafter.hidden_state_layers))
-        started = self.clock.read()
-        steps = [self._prefill_step(sequence, drafter, generator)]
-        while not sequence.ended and sequence.generated < max_new_tokens:
-            steps.append(self._step(len(steps), sequence, drafter, max_new_tokens - sequence.generated, generator))
-            if on_step is not None:
-                on_step(sequence.generated, self.clock.now() - started)
-        wall_s = self.clock.read() - started
+        try:
+            self.target.start(sequence.buffer.size)
+            self.target.request_hidden_states(tuple(drafter.hidden_state_layers))
+            started = self.clock.read()
+            steps = [self._prefill_step(sequence, drafter, generator)]
+            while not sequence.ended and sequence.generated < max_new_tokens:
+                steps.append(self._step(len(steps), sequence, drafter, max_new_tokens - sequence.generated,
+                                        generator))
+                if on_step is not None:
+                    on_step(sequence.generated, self.clock.now() - started)
+            wall_s = self.clock.read() - started
+        finally:
+            # Done or failed, the decode's caches go: the next answer's peak memory is its own, and a caller that
+            # goes on after an error (out of memory) meets a target as fresh as a new one.
+            self.target.release()
+            drafter.release()
         return Generation(token_ids=sequence.tokens, steps=steps, wall_s=wall_s,
                           finish_reason="eos" if sequence.ended else "length",
                           top_ids=np.concatenate(sequence.top_ids), top_logits=np.concatenate(sequence.top_logits))
@@ -353,18 +369,21 @@ class Decoder:
         step's verify_s counts it), for each q in ``sizes``, on top of the KV cache of ``prompt_ids``. Repeats
         are interleaved across sizes so drift hits all alike."""
         prompt = np.asarray(prompt_ids, dtype=np.int64)
-        self.target.start(prompt.size + max(sizes))
-        self.target.request_hidden_states(())
-        self.target.prefill(prompt, False, self.top_k)
-        start = self.target.length
         timings: dict[int, list[float]] = {size: [] for size in sizes}
-        for _ in range(repeats):
-            for size in sizes:
-                tokens = np.resize(prompt, size)
-                plan = plan_verification(Draft.chain(tokens[1:]), int(tokens[0]), size, size)
-                inputs = verification_inputs(plan, start, size)
-                began = self.clock.read()
-                self.target.verify(inputs, plan.n_nodes, self.top_k)
-                timings[size].append(self.clock.read() - began)
-                self.target.truncate(start)
+        try:
+            self.target.start(prompt.size + max(sizes))
+            self.target.request_hidden_states(())
+            self.target.prefill(prompt, False, self.top_k)
+            start = self.target.length
+            for _ in range(repeats):
+                for size in sizes:
+                    tokens = np.resize(prompt, size)
+                    plan = plan_verification(Draft.chain(tokens[1:]), int(tokens[0]), size, size)
+                    inputs = verification_inputs(plan, start, size)
+                    began = self.clock.read()
+                    self.target.verify(inputs, plan.n_nodes, self.top_k)
+                    timings[size].append(self.clock.read() - began)
+                    self.target.truncate(start)
+        finally:
+            self.target.release()
         return {size: float(np.median(values)) for size, values in timings.items()}

@@ -46,7 +46,8 @@ class Target(ABC):
 
     vocab_size: the size of its output layer (every choice is below it).
     num_layers: its decoder layers, for drafters that read hidden states.
-    device:     where its logits are (the choices' ``logits``; the loop's random draws run there).
+    device:     where its logits are (the choices' ``logits``; the loop's random draws, a draft model and the
+                sampling verifier run there); a pass whose logits come back elsewhere is refused.
     """
 
     vocab_size: int
@@ -57,10 +58,16 @@ class Target(ABC):
     def start(self, capacity: int) -> None:
         """Begin a new sequence with an empty KV cache sized for ``capacity`` tokens (it grows if needed)."""
 
+    @abstractmethod
+    def release(self) -> None:
+        """Forget the sequence (its KV cache and whatever a pass left on the device), so the target is as a fresh
+        one would be: after every decode, and after any error the caller goes on from (an out-of-memory error
+        inside a pass). ``start`` begins the next sequence."""
+
     @property
     @abstractmethod
     def length(self) -> int:
-        """Tokens in the KV cache of the sequence."""
+        """Tokens in the KV cache of the sequence (0 after ``release``)."""
 
     @abstractmethod
     def prefill(self, prompt_ids: np.ndarray, every_position: bool, top_k: int) -> TargetChoices:

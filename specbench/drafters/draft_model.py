@@ -18,7 +18,7 @@ from specbench.targets.kv_cache import TreeKVCache
 from specbench.targets.transformers import cache_keyword, forward_with_cache
 from specbench.decoding.sampling import Sampling, target_distribution
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.drafters.base import chosen_or_listed, require_positive
+from specbench.drafters.base import chosen_or_listed, require_flag, require_positive
 from specbench.errors import SpecbenchError
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class DraftModel(Drafter):
         require_positive(gamma=gamma)
         if max_gamma is not None:
             require_positive(max_gamma=max_gamma)
+        require_flag(adaptive_gamma=adaptive_gamma, first_draft_from_prompt=first_draft_from_prompt)
         self.name = name
         self.model_spec = plain(model) or {}
         self.drafts_by_family = plain(drafts_by_family) or {}
@@ -123,9 +124,14 @@ class DraftModel(Drafter):
         self._cache_keyword = cache_keyword(draft)
         self.vocab_size = target.vocab_size
         self.sampling = sampling or Sampling()
-        self.generator = torch.Generator(device=target.device)
+        self.generator = torch.Generator(device=target.device)  # seeded by every decode (seed)
         self.generator.manual_seed(self.sampling.seed)
         self.device = target.device
+        self.cache = None
+
+    def seed(self, decode_seed: int) -> None:
+        if self.draft is not None:
+            self.generator.manual_seed(decode_seed)
 
     def artefacts(self, target) -> list:
         from specbench.artefacts import prepare_command
@@ -143,6 +149,10 @@ class DraftModel(Drafter):
         self.cache = TreeKVCache(self.num_layers, 2 * prompt_ids.size + 64)
         self.processed = 0  # context tokens whose keys/values are in the draft's cache
         self.gamma = self.initial_gamma
+        self._last_draft = None
+
+    def release(self) -> None:
+        self.cache = None
         self._last_draft = None
 
     def _next_logits(self, tokens: np.ndarray) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.tree import TreeTemplate
-from specbench.drafters.base import chosen_or_listed, require_choice, require_positive
+from specbench.drafters.base import chosen_or_listed, require_choice, require_non_negative, require_positive
 from specbench.drafters.draft_model import plain
 from specbench.errors import SpecbenchError
 
@@ -159,6 +159,13 @@ class Eagle(Drafter):
         require_choice("tree", tree, TREES)
         require_choice("static_tree", static_tree, tuple(STATIC_TREES))
         require_positive(total_tokens=total_tokens, depth=depth, top_k=top_k)
+        if feature_layers is not None:
+            layers = plain(feature_layers)
+            if not isinstance(layers, (list, tuple)) or not layers:
+                raise SpecbenchError(f"drafter.feature_layers must be null or a non-empty list of target layer "
+                                     f"numbers, got {layers!r}")
+            for layer in layers:  # int() would take 2.7 as layer 2, "3" as 3, and fail on inf in a traceback
+                require_non_negative(feature_layers=layer)
         if tree == "dynamic":
             candidates = top_k + depth * top_k * top_k
             if not 2 <= total_tokens <= candidates + 1:
@@ -252,6 +259,11 @@ class Eagle(Drafter):
         self._prompt = prompt_ids
         self._pending_tokens: np.ndarray | None = None  # the tokens settled since the head last read the target
         self._pending_features: torch.Tensor | None = None  # the target's features at the positions before them
+
+    def release(self) -> None:
+        self.cache = None  # the head's KV cache and the features it holds belong to the decode that ended
+        self._pending_features = None
+        self._pending_tokens = None
 
     def accept(self, accepted_ids: np.ndarray, outcome: StepOutcome) -> None:
         """Keep the new (feature, token) pairs: the target's features at the positions that settled this step's

@@ -98,11 +98,34 @@ def _visible_devices() -> str:
     return "unset (every GPU of the machine)" if visible is None else repr(visible)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` is float16 on a GPU (as Spec-Bench runs) and float32 on a CPU, where half precision is slow
-    and, for lossless checks, not exact."""
+def resolve_dtype(dtype: str, device: torch.device, checkpoint: torch.dtype | None = None) -> torch.dtype:
+    """``auto`` is float32 on a CPU, where half precision is slow and, for lossless checks, not exact; on a GPU,
+    the half precision the checkpoint was saved in (``checkpoint``, from its config): float16 for Vicuna and
+    Llama-2 (as Spec-Bench runs them), bfloat16 for Llama-3 and Qwen, whose activations overflow float16; float16
+    when the checkpoint names neither (a float32 checkpoint, a GGUF file), as Spec-Bench runs every model."""
     if dtype == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        if checkpoint == torch.bfloat16:
+            if not torch.cuda.is_bf16_supported():
+                log.warning("the checkpoint is bfloat16, which this GPU does not support: running it in float16, "
+                            "which may overflow (a run whose logits are not finite stops)")
+                return torch.float16
+            return torch.bfloat16
+        return torch.float16
     if dtype not in DTYPES:
         raise SpecbenchError(f"model.dtype={dtype!r} is not supported; choose auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
+
+
+def checkpoint_dtype(config) -> torch.dtype | None:
+    """The dtype a transformers config says its checkpoint was saved in (``dtype``, ``torch_dtype`` before
+    transformers 5; a string or a torch dtype), or None when it says none that specbench knows."""
+    for holder in (config, getattr(config, "get_text_config", lambda: None)()):
+        for key in ("dtype", "torch_dtype"):
+            value = getattr(holder, key, None) if holder is not None else None
+            if isinstance(value, torch.dtype):
+                return value
+            if isinstance(value, str) and value.removeprefix("torch.") in DTYPES:
+                return DTYPES[value.removeprefix("torch.")]
+    return None

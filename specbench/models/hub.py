@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specbench.artefacts import write_refusal
 from specbench.errors import SpecbenchError
-from specbench.models.devices import resolve_device, resolve_dtype
+from specbench.models.devices import checkpoint_dtype, resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 from specbench.models.placement import choose_placement
 from specbench.prompts import check_prompt_arguments
@@ -37,14 +37,14 @@ def load_pretrained(
     been downloaded; only when it is missing is the hub asked. ``chat_template_kwargs``: keywords for the
     tokenizer's chat template (``prompt_format=chat_template`` only), e.g. Qwen3's ``{enable_thinking: false}``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if path is not None and not str(path).strip():
         # An empty path would fall through to hub_id and fail there, with a message about something else.
         raise SpecbenchError(f"model {name!r}: its path is empty; give a checkpoint directory "
                              f"(model.path=/dir/of/checkpoint) or leave it null to load hub id {hub_id}")
     torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    resolve_dtype(dtype, torch_device)  # a bad name is refused before anything is read
     placement = choose_placement(name, tp_plan, device_map, torch_device)
     if path:
         source = str(Path(path).expanduser())
@@ -58,8 +58,10 @@ def load_pretrained(
     def load(local_only: bool):
         kwargs = dict(revision=revision, local_files_only=local_only)
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, attn_implementation="sdpa", **kwargs,
-                                                     **placement.load_kwargs)
+        # dtype auto follows the checkpoint's own precision on a GPU (bfloat16 models overflow float16).
+        saved_in = checkpoint_dtype(AutoConfig.from_pretrained(source, **kwargs))
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(dtype, torch_device, saved_in),
+                                                     attn_implementation="sdpa", **kwargs, **placement.load_kwargs)
         return tokenizer, model
 
     try:

@@ -43,14 +43,37 @@ def forward_with_cache(model: torch.nn.Module, cache, keyword: str | None = None
 
 
 def model_devices(model: torch.nn.Module) -> tuple[torch.device, torch.device, tuple[torch.device, ...]]:
-    """(input device, logits device, every device holding a parameter) of a model, wherever it was placed."""
+    """(input device, logits device, every device holding a parameter) of a model, wherever it was placed.
+
+    Under accelerate's ``device_map`` the logits are not where the output layer is: the hook on the model itself
+    (``io_same_device``) sends every output back to the device its inputs came from, the embeddings' device."""
     devices = sorted({parameter.device for parameter in model.parameters()}, key=str)
     placement = getattr(model, "hf_device_map", None)
     if placement and len(devices) > 1:
         input_device = model.get_input_embeddings().weight.device
-        output_device = model.get_output_embeddings().weight.device
-        return input_device, output_device, tuple(devices)
+        if _outputs_follow_inputs(model):
+            return input_device, input_device, tuple(devices)
+        return input_device, model.get_output_embeddings().weight.device, tuple(devices)
     return devices[0], devices[0], tuple(devices)
+
+
+def _outputs_follow_inputs(model: torch.nn.Module) -> bool:
+    """Whether an accelerate hook on ``model`` itself returns its outputs to its inputs' device (``dispatch_model``
+    adds one; a SequentialHook holds several)."""
+    hook = getattr(model, "_hf_hook", None)
+    hooks = list(getattr(hook, "hooks", ())) or ([hook] if hook is not None else [])
+    return any(getattr(each, "io_same_device", False) for each in hooks)
+
+
+class NonFiniteLogits(SpecbenchError):
+    """A pass whose logits hold NaN or infinity: the model overflowed its dtype (float16 for a model trained in
+    bfloat16, say). Every number after it would be meaningless, so the run stops."""
+
+    def __init__(self, dtype: str, rows: int, of: int):
+        hint = ("model.dtype=bfloat16 (or float32) avoids float16's overflow" if dtype == "float16"
+                else "the checkpoint may be damaged, or the model overflows this dtype")
+        super().__init__(f"the target's logits are not finite (NaN or infinity) at {rows} of {of} positions in "
+                         f"{dtype}: {hint}")
 
 
 class _PinnedStaging:
@@ -99,11 +122,19 @@ class TransformersTarget(Target):
     # ---- the sequence --------------------------------------------------------------------------------
 
     def start(self, capacity: int) -> None:
+        self.release()  # whatever the last sequence left (an error inside a pass, say) is not this one's
         self._cache = TreeKVCache(self.num_layers, capacity)
+
+    def release(self) -> None:
+        # The mask is dropped with the cache: a pass that failed may have left a nodes' block in it, and a later
+        # pass reading those columns would not see cached positions.
+        self._cache = None
+        self._mask = None
+        self._hidden = None
 
     @property
     def length(self) -> int:
-        return self._cache.length
+        return 0 if self._cache is None else self._cache.length
 
     def keep(self, start: int, nodes: list[int]) -> None:
         self._cache.keep_nodes(start, nodes, upload=self._upload_to)
@@ -116,6 +147,11 @@ class TransformersTarget(Target):
     def prefill(self, prompt_ids: np.ndarray, every_position: bool, top_k: int) -> TargetChoices:
         input_ids = self._upload_to(prompt_ids, self.input_device, "prompt").unsqueeze(0)
         output = self._forward(input_ids=input_ids, logits_to_keep=0 if every_position else 1)
+        if output.logits.device != self.device:
+            # The loop's random draws, a draft model and the sampling verifier all live on self.device.
+            raise SpecbenchError(f"the target's logits came back on {output.logits.device}, but it was set up for "
+                                 f"{self.device} (devices {', '.join(map(str, self.devices))}): a placement "
+                                 "specbench does not know; please report it")
         return self._choices(output.logits[0], top_k)
 
     def verify(self, inputs: VerifyInputs, n_nodes: int, top_k: int) -> TargetChoices:
@@ -123,9 +159,12 @@ class TransformersTarget(Target):
         input_ids = self._upload_to(inputs.tokens, self.input_device, "tokens").unsqueeze(0)
         position_ids = self._upload_to(inputs.positions, self.input_device, "positions").unsqueeze(0)
         mask = self._attention_mask(inputs.start, self._upload_to(inputs.visible, self.input_device, "visible"))
-        output = self._forward(input_ids=input_ids, position_ids=position_ids, attention_mask=mask)
-        # Queued after the pass that reads it: the block is all True again for the next step's mask.
-        self._mask[:size, inputs.start : inputs.start + size] = True
+        try:
+            output = self._forward(input_ids=input_ids, position_ids=position_ids, attention_mask=mask)
+        finally:
+            # Queued after the pass that reads it: the block is all True again for the next step's mask, also
+            # when the pass failed (out of memory) and the caller goes on with this target.
+            self._mask[:size, inputs.start : inputs.start + size] = True
         return self._choices(output.logits[0, :n_nodes], top_k)
 
     def _forward(self, **inputs):
@@ -149,14 +188,23 @@ class TransformersTarget(Target):
         return self._mask[:rows, :columns].unsqueeze(0).unsqueeze(0)
 
     def _choices(self, logits: torch.Tensor, top_k: int) -> TargetChoices:
-        """One top-k and one argmax on the device, read back as one block (the step's one blocking read)."""
+        """One top-k and one argmax on the device, read back as one block (the step's one blocking read), with a
+        column saying whether each row's logits are all finite: a model overflowing its dtype gives NaN logits,
+        whose argmax the method and the baseline share, so the lossless check alone would never notice."""
         k = min(max(top_k, 1), logits.shape[-1])  # a vocabulary may be tiny
         top_logits, top_ids = logits.topk(k, dim=-1)
         # topk's order among exactly tied logits is unspecified; argmax gives the first best index.
         argmax = logits.argmax(dim=-1, keepdim=True)
-        block = self._download(torch.cat([top_logits.float(), top_ids.float(), argmax.float()], dim=-1))
+        finite = torch.isfinite(logits).all(dim=-1, keepdim=True)
+        block = self._download(torch.cat([top_logits.float(), top_ids.float(), argmax.float(), finite.float()],
+                                         dim=-1))
+        if not block[:, 2 * k + 1].all():
+            raise NonFiniteLogits(self._dtype_name(), int((block[:, 2 * k + 1] == 0).sum()), block.shape[0])
         return TargetChoices(argmax=block[:, 2 * k].astype(np.int64), top_ids=block[:, k : 2 * k].astype(np.int64),
                              top_logits=np.ascontiguousarray(block[:, :k]), logits=logits)
+
+    def _dtype_name(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     # ---- transfers and the fence ---------------------------------------------------------------------
 
