@@ -43,6 +43,7 @@ from specbench.errors import SpecbenchError
 from specbench.records import (BASELINE_ANSWER, SPEC_BENCH_METHOD, STEP_COLUMNS, SUMMARY_KEYS,
                                SUPPORTED_SCHEMAS, LineKind, question_key, read_json_file, read_jsonl_records,
                                read_result_lines, read_run_results, record_problem, run_question_ids)
+from specbench.run_identity import implied_placement
 from specbench.settings import method_name
 
 log = logging.getLogger(__name__)
@@ -377,6 +378,8 @@ def _read_run(run_dir: Path, problems: list[str]) -> _Run | None:
     environment = summary.get("environment")
     compared = flat_settings(settings, environment if isinstance(environment, dict) else None)
     compared.update({f"drafter.{key}": value for key, value in sweep_overrides(run_dir).items()})
+    if settings:  # a run.json that predates the placement keys: what it implies, "unrecorded" where nothing
+        compared.update(implied_placement(settings))
     trustworthy, warnings = run_timing(summary)
     info = {"run_dir": str(run_dir), "model": summary["model"], "drafter": summary["drafter"],
             "label": run_label(summary, settings), "trustworthy": trustworthy, "timing_warnings": "; ".join(warnings)}

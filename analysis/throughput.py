@@ -40,6 +40,7 @@ from specbench.decoding.budget import interpolate_latency
 from specbench.errors import SpecbenchError
 from specbench.metrics import accepted_per_decoding_step
 from specbench.records import read_json_file
+from specbench.run_identity import PLACEMENT_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,13 @@ WAYS = {"calibration": "calib", "leave-one-out": "loo"}  # way of predicting T_t
 HARDWARE_KEYS = ("device", "dtype", "threads")  # with the model: which runs share a latency table
 # The other flattened settings (``analysis.runs.flat_settings``) that change how long a target pass takes, and
 # so must also match for runs to share a latency table: the weights and model shape, the machine, the kernels
-# (linear backend, torch and transformers versions), and what a verify pass computes besides the forward pass
+# (linear backend, torch and transformers versions), how the run was placed (processes, placement, devices and
+# the kernels ``auto`` chose: ``specbench.run_identity``), and what a verify pass computes besides the forward pass
 # (the top-k kept on the host, sampling instead of argmax). The drafter and the question set do not: the
 # table is per verified-token count, and the context term covers the contexts.
 LATENCY_KEYS = ("model_source", "weights_fingerprint", "environment.device_name", "environment.torch",
                 "environment.transformers", "run.linear_backend", "run.target_top_k", "run.mismatch_top_k",
-                "run.temperature", "run.top_p")
+                "run.temperature", "run.top_p", *PLACEMENT_KEYS)
 LATENCY_PREFIXES = ("model_config.",)
 TABLE_COLUMNS = ["model", "label", "timing", "run_dir", *HARDWARE_KEYS, "steps", "tokens_per_step", "draft_ms",
                  "verify_ms", "overhead_ms", "measured_tps",
