@@ -46,7 +46,11 @@ class Interrupts:
     not 130) once a KeyboardInterrupt has passed through an ``exec`` of source text (dataclasses and namedtuple
     build their methods that way, at import), however it was caught afterwards.
 
-    A process started with SIGINT ignored (a background job of a shell script) keeps it ignored."""
+    A process started with SIGINT ignored (a background job of a shell script, ``nohup``) keeps it ignored: the
+    shell ignores it in its background jobs so that a Ctrl-C at the terminal stops the foreground command and not
+    them, and Python itself installs its KeyboardInterrupt only where SIGINT was not ignored; resetting it here
+    would let that Ctrl-C end every benchmark a script left running. Such a job is stopped with SIGTERM. A test
+    that interrupts a command starts it with the default disposition (tests/test_interrupts.py)."""
 
     def __init__(self, message: str = "specbench: interrupted before the run started",
                  started_message: str = "specbench: interrupted"):

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from test_analysis import synthetic_run
-from test_interrupts import send_interrupts
+from test_interrupts import default_sigint, send_interrupts
 
 ROOT = Path(__file__).resolve().parents[1]
 # 0.2 s: the imports (pandas, matplotlib; torch, transformers, Hydra); 1 s: the scripts' imports, analysis
@@ -140,6 +140,7 @@ interrupts.run(main)
 def test_an_interrupt_that_lands_in_a_finalizer_still_ends_the_command():
     """A KeyboardInterrupt raised inside a ``__del__`` (a garbage collection runs them anywhere) is one Python
     ignores ("Exception ignored in"); the interrupt is raised again once the finalizer is done."""
-    result = subprocess.run([sys.executable, "-c", FINALIZER], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    result = subprocess.run([sys.executable, "-c", FINALIZER], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                            preexec_fn=default_sigint)
     assert result.stdout == ""
     assert result.stderr.strip() == "finalizer: interrupted" and result.returncode == 130, result.stderr
