@@ -63,9 +63,11 @@ EVAL_POSITIONS = 6  # draft positions whose held-out acceptance is measured (a c
 # the one-line estimate printed before a build on first use (see build_seconds_estimate).
 SECONDS_PER_KILO_TOKEN_STEP = {"eagle": 1.55, "eagle3": 0.31}
 DATA_SECONDS = 60.0  # the target's features over the greedy and the sampled answers (SmolLM2-135M, 2 cores)
-# Steps that keep the default build of a SmolLM2-135M head within about 10 minutes on 2 CPU cores (eagle's steps
-# cost 2.5 times eagle3's: the loss runs the target's whole 49152-row lm_head twice, forward and backward).
-DEFAULT_TRAIN_STEPS = {"eagle": 200, "eagle3": 500}
+# The steps of the heads drafter=eagle / eagle2 (100) and eagle3 (300) train for SmolLM2-135M (conf/drafter/*.yaml,
+# heads_by_model), so that scripts/train_eagle.py's defaults build exactly the heads the drafters look up; each
+# builds in 4 to 5 minutes on 2 CPU cores (eagle's steps cost 2.5 times eagle3's: its loss runs the target's whole
+# 49152-row lm_head, forward and backward). tests/test_train_eagle.py checks that the two agree.
+DEFAULT_TRAIN_STEPS = {"eagle": 100, "eagle3": 300}
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class Recipe:
     sample_temperature: float = 1.0
     feature_layers: tuple | None = None  # target layers read (None: the kind's, EAGLE-3's 2, N/2, N-3)
     draft_vocab_size: int | None = 4096  # eagle3: rows of its lm_head (None = the target's whole vocabulary)
-    ttt_steps: int = 2            # eagle3: unroll steps of training-time test (EAGLE-3 uses 7)
+    ttt_steps: int = 2            # eagle3: unroll steps of training-time test (EAGLE-3 uses 7; docs/fidelity.md)
     ttt_decay: float = 0.8        # eagle3: weight of step j's loss is ttt_decay ** j (EAGLE-3's)
     p_weight: float = 0.1         # eagle: weight of the token loss (EAGLE-1's p_w)
     v_weight: float = 1.0         # eagle: weight of the feature regression (EAGLE-1's v_w)

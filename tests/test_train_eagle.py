@@ -172,6 +172,34 @@ def test_the_rebuild_command_gives_the_script_the_same_settings(tiny, tmp_path):
     assert script.spec_of(args) == spec and args.out == str(tmp_path / "head") and args.kind == "eagle3"
 
 
+@pytest.mark.parametrize("drafter", ["eagle", "eagle2", "eagle3"])
+def test_the_scripts_defaults_build_the_head_the_drafter_looks_up(drafter):
+    # `python scripts/train_eagle.py --kind K` (its default --model and every setting left to its default) must
+    # write the head the drafter's heads_by_model entry names: else the drafter never finds the head the docs tell
+    # users to build and trains another one on first use.
+    from types import SimpleNamespace
+
+    from hydra.utils import instantiate
+
+    from specbench.config import compose
+
+    script_file = Path(__file__).parents[1] / "scripts" / "train_eagle.py"
+    loader = importlib.util.spec_from_file_location("train_eagle", script_file)
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    cfg = compose([f"drafter={drafter}"])
+    eagle = instantiate(cfg.drafter)
+    args = script.parse(["--kind", eagle.kind])
+    assert args.model == cfg.model.name == "smollm2-135m" and args.out is None
+    # The key reads only the target's name and source (no model needs loading to compare two keys).
+    target = SimpleNamespace(name=args.model, source="the same weights")
+    looked_up = eagle._spec_for(target)["trained"]
+    assert (trained_head_directory(target, args.kind, script.spec_of(args), None)
+            == trained_head_directory(target, eagle.kind, looked_up, eagle.cache_dir))
+    if drafter == "eagle3":
+        assert script.parse([]).kind == "eagle3"  # the script's default kind is this drafter's
+
+
 # ---- the training forward is the decoding forward ------------------------------------------------------------------
 
 
