@@ -492,7 +492,9 @@ def load_runs(paths, with_steps: bool = True) -> LoadedRuns:
         rows += run_rows
         if with_steps:
             frame = _run_steps(run, problems)
-            if frame is not None:
+            # A run whose every question was skipped has an empty steps.parquet whose columns are all of object
+            # dtype: concatenated, it would turn every other run's timings into objects and break the figures.
+            if frame is not None and not frame.empty:
                 fill_draft_depths(run_rows, frame)
                 for column, value in reversed(list(run.info.items())):
                     frame.insert(0, column, [value] * len(frame))

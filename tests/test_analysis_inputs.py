@@ -110,6 +110,42 @@ def test_a_run_without_a_readable_steps_parquet_is_a_warning_not_a_traceback(tmp
     assert load_questions([tmp_path]).run_dir.nunique() == 3  # their answers still count in the tables
 
 
+def odd_run(path: Path, drafter: str, answered: bool) -> Path:
+    """A run directory made as the runner makes one: its only question skipped (``answered`` False), or
+    answered with a record but no decoding steps, so its steps.parquet holds no rows either way."""
+    from specbench.data import Prompt
+    from specbench.records import Answer, RunDirectory
+
+    run = RunDirectory(path, with_baseline=True)
+    run.open({"schema_version": 2, "model": "m", "drafter": {"name": drafter}, "device": "cpu", "dtype": "float32",
+              "threads": 2})
+    prompt = Prompt(7, "qa", "qa", ("q",))
+    if answered:
+        method, base = Answer(), Answer()
+        for answer in (method, base):
+            answer.texts, answer.token_ids, answer.wall_times, answer.steps = ["x"], [[1, 2, 3]], [0.1], [[]]
+        run.add(method.to_record(prompt, drafter, True), base.to_record(prompt, "ar", None), method.step_rows(7))
+    else:
+        run.skip(prompt, "the prompt does not fit the context")
+    run.write_summary({"model": "m", "drafter": drafter, "environment": {}})
+    return path
+
+
+def test_runs_without_steps_do_not_break_the_report_or_figures_of_the_others(tmp_path, capsys):
+    pld_run(tmp_path / "good")
+    for odd in (odd_run(tmp_path / "skipped", "hd", answered=False), odd_run(tmp_path / "no-steps", "sps", True)):
+        assert pd.read_parquet(odd / "steps.parquet").empty
+    steps = load_steps([tmp_path])
+    assert set(steps.run_dir) == {str(tmp_path / "good")} and steps.verify_s.dtype.kind == "f"
+    analysis_main(["figures", str(tmp_path), "--out", str(tmp_path / "figures")])
+    analysis_main(["report", str(tmp_path), "--out", str(tmp_path / "report.html")])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for figure in ("speedup_per_task", "latency_breakdown", "cost_per_token", "predicted_vs_measured"):
+        assert (tmp_path / "figures" / f"{figure}.png").stat().st_size > 1000
+    assert "<h3>latency breakdown</h3>" in (tmp_path / "report.html").read_text()
+
+
 # 2. schema versions and missing keys
 
 
