@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING
 
 from specbench import machine
 from specbench.errors import SpecbenchError
 from specbench.mismatch import DEFAULT_TOLERANCE
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 CALIBRATION_SIZES = [*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128]
 # torch's generators take seeds up to 2**64 - 1 and raise on larger ones ("Overflow when unpacking long long").
@@ -62,6 +64,9 @@ class RunSettings:
     @staticmethod
     def from_config(node: DictConfig | dict) -> RunSettings:
         """The settings of a composed ``run`` node, checked; unknown keys are refused by name."""
+        # Imported here: the models import this module's constants, and the GPU check runs them without omegaconf.
+        from omegaconf import DictConfig, OmegaConf
+
         values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
         known = {f.name for f in dataclasses.fields(RunSettings)}
         unknown = sorted(set(values) - known)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,107 @@ def test_the_tensor_parallel_row_hides_cuda_from_its_cpu_processes(monkeypatch, 
     assert command[command.index("--device") + 1] == where
     # CPU processes see no GPU, so transformers binds none of them to one (a one-GPU machine has no second)
     assert env.get("CUDA_VISIBLE_DEVICES") == ("" if where == "cpu" else None)
+
+
+# Runs a gpu_check call with hydra and omegaconf unimportable, as on a GPU machine without the bundle.
+WITHOUT_HYDRA = """
+import json, runpy, sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("hydra", "omegaconf"):
+            raise ImportError(f"No module named {name!r} (blocked by the test)")
+sys.meta_path.insert(0, Blocked())
+gpu_check = runpy.run_path(sys.argv[1], run_name="gpu_check_without_hydra")
+status = gpu_check["main"](["--device", "cpu", "--quick", "--rows", "1,2", "--out", sys.argv[2]])
+import torch
+model = gpu_check["tiny"](torch.device("cpu"))  # what rows 3-4 build, without hydra's composition
+print(json.dumps({"status": status, "tiny": model.name, "loaded": sorted(set(sys.modules) & {"hydra", "omegaconf"})}))
+"""
+
+
+@pytest.mark.slow  # a process that imports torch and transformers: 10-30 s
+def test_gpu_check_prints_its_table_without_hydra_and_omegaconf(tmp_path):
+    out = tmp_path / "check.json"
+    done = subprocess.run([sys.executable, "-c", WITHOUT_HYDRA, str(ROOT / "scripts" / "gpu_check.py"), str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"status": 1, "tiny": "tiny-random", "loaded": []}
+    assert "result  seconds  detail" in done.stdout and "0 PASS, 2 FAIL, 1 SKIP" in done.stdout
+    rows = {row["name"]: row for row in json.loads(out.read_text())["rows"]}
+    for name in ("1 lossless float32", "2 bfloat16 vs AR (mismatch classes)"):
+        assert rows[name]["status"] == "FAIL" and "needs hydra-core and omegaconf" in rows[name]["detail"]
+
+
+def top(rows: list[dict[int, float]]) -> tuple:
+    """(top_ids, top_logits) [n, 2] from one {token: logit} per position."""
+    import numpy as np
+
+    ids = np.array([list(row) for row in rows])
+    return ids, np.array([list(row.values()) for row in rows], dtype=np.float32)
+
+
+def test_row_1_reports_a_near_tie_as_such_and_fails_a_violation():
+    from specbench.decoding.loop import Generation
+
+    gpu_check = gpu_check_module()
+    reference = ([5, 6, 7], top([{5: 9.0, 1: 1.0}, {6: 4.0, 8: 3.9996}, {7: 2.0, 1: 0.0}]))
+
+    def decode(tokens, rows):
+        return Generation(tokens, top_ids=top(rows)[0], top_logits=top(rows)[1])
+
+    same = decode([5, 6, 7], [{5: 9.0, 1: 1.0}, {6: 4.0, 8: 3.9996}, {7: 2.0, 1: 0.0}])
+    tie = decode([5, 8, 7], [{5: 9.0, 1: 1.0}, {8: 4.0, 6: 3.9995}, {7: 2.0, 1: 0.0}])  # both within 1e-3
+    wrong = decode([5, 8, 7], [{5: 9.0, 1: 1.0}, {8: 4.0, 6: 3.0}, {7: 2.0, 1: 0.0}])  # a margin of 1.0
+    row = gpu_check.lossless_verdict("pld", [same], [reference])
+    assert row.status == "PASS" and "== generate()" in row.detail and "near-tie" not in row.detail
+    row = gpu_check.lossless_verdict("pld", [same, tie], [reference, reference])
+    assert row.status == "PASS" and "1 of 2 prompts" in row.detail and "near-tie" in row.detail
+    assert "prompt 1 at token 1" in row.detail
+    row = gpu_check.lossless_verdict("pld", [tie, wrong], [reference, reference])
+    assert row.status == "FAIL" and "prompt 1 at token 1" in row.detail and "prompt 0" not in row.detail
+
+
+def test_the_round_trip_row_counts_synchronisations_inside_torch(monkeypatch):
+    """On CUDA the row asks torch to warn at every synchronisation it makes; a CPU makes none, so a fake gives
+    torch's warning at each blocking read and, where ``hidden`` says so, once more inside each verify pass (as an
+    ``.item()`` there would), which no wrapper of the row sees."""
+    import torch
+
+    from specbench.targets.transformers import TransformersTarget
+
+    gpu_check = gpu_check_module()
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    download, verify = TransformersTarget._download, TransformersTarget.verify
+
+    def warn():
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)
+
+    def warning_download(self, tensor):
+        warn()
+        return download(self, tensor)
+
+    monkeypatch.setattr(TransformersTarget, "_download", warning_download)
+    model = gpu_check.tiny(torch.device("cpu"))
+    ids = gpu_check.random_prompt(24, 3) * 2
+    verdicts = {}
+    for hidden in (0, 1):
+        def warning_verify(self, *args, hidden=hidden, **kwargs):
+            for _ in range(hidden):
+                warn()
+            return verify(self, *args, **kwargs)
+
+        monkeypatch.setattr(TransformersTarget, "verify", warning_verify)
+        steps = gpu_check.count_round_trips(model, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(True))
+        assert {(step["torch_syncs"], step["torch_expected"]) for step in steps[1:-1]} == {(1 + hidden, 1)}
+        verdicts[hidden] = gpu_check.round_trip_verdict([("ar", steps[1:-1])])
+    assert modes == ["warn", "default", "warn", "default"]
+    assert verdicts[0][0] == "PASS" and "torch syncs [1]" in verdicts[0][1]
+    assert verdicts[1][0] == "FAIL" and "syncs inside torch" in verdicts[1][1]
+    # On a CPU nothing is counted, and the row says so
+    monkeypatch.setattr(TransformersTarget, "_download", download)
+    monkeypatch.setattr(TransformersTarget, "verify", verify)
+    steps = gpu_check.count_round_trips(model, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(False))
+    status, detail = gpu_check.round_trip_verdict([("ar", steps[1:-1])])
+    assert status == "PASS" and "torch syncs n/a (CPU)" in detail and len(modes) == 4
