@@ -11,28 +11,38 @@ from specbench.decoding.loop import Decoder
 from specbench.drafters.draft_model import DraftModel
 from specbench.drafters.rest import RetrievalDrafter, cut_to_choices, frequent_prefix_trie
 
-PUBLISHED = {  # config -> {key: value as the original ran it}; docs/fidelity.md gives file and line of each
+PUBLISHED = {  # config -> {key: value as the original ran it}, written out from the sources (commits: fidelity.md)
+    # SB evaluation/inference_pld.py:22-24 (window 3, 10 tokens), model/pld/pld.py:22 (down to 1), :33-43, :93-94
     "pld": {"max_ngram_size": 3, "min_ngram_size": 1, "num_draft_tokens": 10, "prefer": "earliest",
             "full_continuation": True, "no_match_token": 100},
+    # HD evaluation/inference_pld.py:19-28 (window 2, 4 tokens), HD model/pld/pld.py:15-47, 95-96
     "pld-hd": {"max_ngram_size": 2, "min_ngram_size": 1, "num_draft_tokens": 4, "full_continuation": True,
                "no_match_token": 100},
+    # SB eval.sh:22 (--level 5 --window 7 --guess 7), model/lade/decoding.py:204, 212-213 (random.seed(10))
     "lookahead": {"ngram_size": 5, "window_size": 7, "guess_set_size": 7, "pool_from_prompt": False,
                   "pool_from_output": False, "merge_guesses": False, "accept_full_guess": False, "seed": 10},
+    # SB evaluation/inference_rest.py:168-173, 206 (spans 16..2), :22 (num_draft=64); DraftRetriever lib.rs:285-303
     "rest": {"max_suffix_length": 16, "min_suffix_length": 2, "continuation_length": 10, "max_matches": 5000,
              "match_sampling": "first", "num_draft": 64, "cut_to_choices": True, "no_match_token": 100},
+    # HD run_vicuna.sh:12, 25 (order WSL, 2 previous tokens), model/hierachy/decoding.py:54-73, 105-152, 714
     "hd": {"order": ["context", "model", "statistics"], "draft_length": 4, "num_candidates": 7, "per_key_capacity": 7,
            "context_from_prompt": True, "context_from_output": "code", "model_db_least_frequent_first": True,
            "statistics_key_tokens": 2, "statistics_choices": 64, "statistics_max_matches": 5000,
            "statistics_continuation_length": 10, "statistics_pad": True, "merge_candidates": False,
            "lookahead_branch": True, "window_size": 7, "fill_step_ngrams": True},
     "hd-chains": {"lookahead_branch": False, "merge_candidates": False, "num_candidates": 7},
+    # transformers 4.37.1 generation/configuration_utils.py:320-321 (5 tokens, heuristic schedule)
     "sps": {"gamma": 5, "adaptive_gamma": True, "max_gamma": None},
+    # SB evaluation/inference_recycling.py:19, 203-212, 232 (template 2.2.2, top-8, one matrix for the run)
     "recycling": {"template": "2.2.2", "top_k": 8, "hot_start": True, "learn_from_prompt": False,
                   "update_on_eos": False},
+    # SB eval.sh:28 (--samd_n_predicts 40 --samd_len_threshold 5 --samd_len_bias 5), model/samd/samd_config.py:11-14
     "samd": {"n_predicts": 40, "len_threshold": 5, "len_bias": 5, "alpha": 4.0, "auxiliary": "recycling"},
+    # SB evaluation/inference_eagle.py:178-182 (mc_sim_7b_63); inference_eagle2.py / inference_eagle3.py:65-82
     "eagle": {"kind": "eagle", "tree": "static", "static_tree": "mc_sim_7b_63"},
     "eagle2": {"kind": "eagle", "tree": "dynamic", "total_tokens": 60, "depth": 5, "top_k": 10},
     "eagle3": {"kind": "eagle3", "tree": "dynamic", "total_tokens": 60, "depth": 5, "top_k": 10},
+    # vLLM vllm/config/speculative.py @f19b16d (suffix_decoding_* defaults), arctic-inference 0.1.1 cache.py
     "suffix": {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_tokens": None, "max_spec_factor": 1.0,
                "max_spec_offset": 0.0, "min_token_prob": 0.1, "tree_spec": False},
 }
