@@ -43,7 +43,7 @@ from specbench.errors import SpecbenchError
 from specbench.records import (BASELINE_ANSWER, SPEC_BENCH_METHOD, STEP_COLUMNS, SUMMARY_KEYS,
                                SUPPORTED_SCHEMAS, LineKind, question_key, read_json_file, read_jsonl_records,
                                read_result_lines, read_run_results, record_problem, run_question_ids)
-from specbench.run_identity import implied_placement
+from specbench.run_identity import PLACEMENT_KEYS, implied_placement
 from specbench.settings import method_name
 
 log = logging.getLogger(__name__)
@@ -428,7 +428,8 @@ def _split_labels(runs: list[_Run], notes: list[str]) -> None:
         if len(members) < 2:
             continue
         keys = sorted({key for run in members for key in run.compared} - {"model", "drafter.name"})
-        differing = [key for key in keys if len({run.compared[key] for run in members if key in run.compared}) > 1]
+        differing = [key for key in keys if len({run.compared[key] for run in members if key in run.compared}) > 1
+                     and _placement_told(key, members)]
         id_sets = {run.question_ids for run in members}
         if not differing and len(id_sets) == 1:
             continue
@@ -445,6 +446,13 @@ def _split_labels(runs: list[_Run], notes: list[str]) -> None:
                 f"shown apart as {', '.join(repr(name) for name in shown)}")
         notes.append(note)
         log.info("%s", note)
+
+
+def _placement_told(key: str, members: list[_Run]) -> bool:
+    """Whether ``key`` can tell these runs apart: any key but a placement key (``specbench.run_identity``), and a
+    placement key when some run records it. Among runs that all predate those keys, what their other settings
+    imply follows from settings that already differ, so it would only lengthen the labels."""
+    return key not in PLACEMENT_KEYS or any(key in run.settings for run in members)
 
 
 def _read_runs(run_dirs: list[Path], problems: list[str], notes: list[str]) -> list[_Run]:
