@@ -63,3 +63,13 @@ def refusing_writes(path=None, what: str = "write") -> Iterator[None]:
         yield
     except OSError as error:
         raise_refusal(error, path, what)
+
+
+def damage_reason(error: BaseException) -> str:
+    """What a reading library said about a damaged file, fit for the middle of one line: the first line of its
+    message (numpy, pyarrow and safetensors write several), else the exception's name. Readers of the files
+    specbench wrote catch any Exception from the library, since each raises its own kinds for a cut, foreign or
+    garbled file (zipfile.BadZipFile, EOFError, zlib.error, RecursionError for deep JSON, ...)."""
+    text = getattr(error, "strerror", None) if isinstance(error, OSError) else None
+    first = (text or str(error)).strip().splitlines()
+    return first[0] if first else type(error).__name__

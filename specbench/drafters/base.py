@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from specbench.decoding.contract import Draft
@@ -21,6 +23,32 @@ def require_non_negative(**settings) -> None:
     for key, value in settings.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise SpecbenchError(f"drafter.{key} must be a non-negative integer, got {value!r}")
+
+
+def require_number(key: str, value, low: float | None = None, high: float | None = None,
+                   above_low: bool = False) -> float:
+    """A real-valued drafter setting, checked and returned as a float: a finite int or float (not a bool, whose
+    arithmetic would pass as 0 or 1, nor a string, nor inf or nan, which every comparison with a bound lets
+    through or none does) within ``[low, high]`` (``(low, high]`` with ``above_low``)."""
+    if low is not None and high is not None:
+        wanted = f"a number in {'(' if above_low else '['}{low:g}, {high:g}]"
+    elif low is not None:
+        wanted = f"a number {'>' if above_low else '>='} {low:g}"
+    else:
+        wanted = "a number" + ("" if high is None else f" <= {high:g}")
+    wanted += ", not inf or nan"
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            or (low is not None and (value <= low if above_low else value < low))
+            or (high is not None and value > high)):
+        raise SpecbenchError(f"drafter.{key} must be {wanted}, got {value!r}")
+    return float(value)
+
+
+def require_flag(**settings) -> None:
+    """Reject a drafter setting that is not true or false (a string such as "no" would be truthy), naming it."""
+    for key, value in settings.items():
+        if not isinstance(value, bool):
+            raise SpecbenchError(f"drafter.{key} must be true or false, got {value!r}")
 
 
 def require_choice(key: str, value, choices) -> None:

@@ -22,7 +22,7 @@ import torch
 from specbench.datastores.ngram_pool import NGramPool
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.tree import guess_layout
-from specbench.drafters.base import require_positive
+from specbench.drafters.base import require_flag, require_non_negative, require_positive
 from specbench.drafters.jacobi import JacobiWindow
 from specbench.drafters.rest import node_paths, retrieved_tree
 from specbench.errors import SpecbenchError
@@ -68,6 +68,19 @@ def generated_ngrams(tokens: np.ndarray, accepted_draft: int, size: int) -> list
             if len(values) - size - k >= 0]
 
 
+def check_model_db_build(build: dict) -> None:
+    """The numbers and flags of ``drafter.model_db_build`` (read only when the database is built, minutes into a
+    first run), checked when the drafter is made: one line naming the key."""
+    for key in ("max_new_tokens", "batch_size", "max_ngrams"):
+        if key in build:
+            require_positive(**{f"model_db_build.{key}": build[key]})
+    for key in ("source_rows", "max_prompts"):  # null: all
+        if build.get(key) is not None:
+            require_positive(**{f"model_db_build.{key}": build[key]})
+    if "include_final_ngram" in build:
+        require_flag(**{"model_db_build.include_final_ngram": build["include_final_ngram"]})
+
+
 class HierarchyDrafting(Drafter):
     def __init__(
         self,
@@ -108,6 +121,11 @@ class HierarchyDrafting(Drafter):
                          statistics_key_tokens=statistics_key_tokens, statistics_choices=statistics_choices,
                          statistics_max_matches=statistics_max_matches,
                          statistics_continuation_length=statistics_continuation_length, window_size=window_size)
+        require_non_negative(seed=seed)
+        require_flag(context_from_prompt=context_from_prompt, model_db_least_frequent_first=model_db_least_frequent_first,
+                     statistics_pad=statistics_pad, merge_candidates=merge_candidates,
+                     lookahead_branch=lookahead_branch, fill_step_ngrams=fill_step_ngrams)
+        check_model_db_build(dict(model_db_build or {}))
         self.name = name
         self.order = order
         self.draft_length = draft_length

@@ -23,7 +23,7 @@ import torch
 
 from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, StaticSuffixAutomaton
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.drafters.base import require_choice, require_non_negative, require_positive
+from specbench.drafters.base import require_choice, require_flag, require_non_negative, require_positive
 from specbench.drafters.recycling import TokenRecycling
 from specbench.drafters.samd import FollowsContext, corpus_automaton, planned_automaton
 from specbench.errors import SpecbenchError
@@ -91,6 +91,7 @@ class HybridDrafter(FollowsContext, Drafter):
         require_positive(context_min_match=context_min_match, corpus_tokens=corpus_tokens,
                          corpus_min_match=corpus_min_match, label_max_match=label_max_match)
         require_non_negative(context_tokens=context_tokens)
+        require_flag(recycling_from_prompt=recycling_from_prompt)
         self.name = name
         self.context_tokens = context_tokens
         self.context_min_match = context_min_match
@@ -107,7 +108,8 @@ class HybridDrafter(FollowsContext, Drafter):
         if self.recycling is not None:
             self.target_top_k = self.recycling.target_top_k
             self.reads_prompt_choices = self.recycling.reads_prompt_choices
-        if recycling_context not in (1, 2):
+        # 1.0 and true compare equal to 1: the type is checked first
+        if not isinstance(recycling_context, int) or isinstance(recycling_context, bool) or recycling_context not in (1, 2):
             raise SpecbenchError(f"drafter.recycling_context must be 1 or 2 (tokens keying the top-k), "
                                  f"got {recycling_context!r}")
         self.recycling_context = recycling_context

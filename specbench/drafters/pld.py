@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from specbench.decoding.contract import Draft, Drafter
-from specbench.drafters.base import check_token_id, no_match_draft, require_in_vocabulary, require_positive
+from specbench.drafters.base import (check_token_id, no_match_draft, require_flag, require_in_vocabulary,
+                                     require_positive)
 from specbench.errors import SpecbenchError
 
 MATCH_PREFERENCES = ("earliest", "latest")
@@ -78,7 +79,8 @@ class PromptLookup(Drafter):
         no_match_token: int | None = 100,
         first_draft_from_prompt: bool = True,
     ):
-        self.first_draft_from_prompt = bool(first_draft_from_prompt)
+        require_flag(first_draft_from_prompt=first_draft_from_prompt)
+        self.first_draft_from_prompt = first_draft_from_prompt
         require_positive(max_ngram_size=max_ngram_size, min_ngram_size=min_ngram_size,
                          num_draft_tokens=num_draft_tokens)
         if min_ngram_size > max_ngram_size:

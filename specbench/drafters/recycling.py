@@ -29,7 +29,7 @@ import torch
 
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.tree import TreeTemplate
-from specbench.drafters.base import require_positive
+from specbench.drafters.base import require_flag, require_positive
 from specbench.errors import SpecbenchError
 
 # Draft trees as each node's path of sibling ranks from the root ([2, 0]: the first child of the root's third
@@ -100,6 +100,8 @@ class TokenRecycling(Drafter):
             raise SpecbenchError(f"drafter.template={template!r} is not a known tree template; "
                                  f"choose one of: {', '.join(TEMPLATES)}")
         require_positive(top_k=top_k)
+        require_flag(hot_start=hot_start, learn_from_prompt=learn_from_prompt, update_on_eos=update_on_eos,
+                     first_draft_from_prompt=first_draft_from_prompt)
         self.name = name
         self.template = TreeTemplate(TEMPLATES[template])
         if self.template.width > top_k:

@@ -13,7 +13,8 @@ import torch
 from specbench.datastores.suffix_array import SEPARATOR, prefix_group_starts
 from specbench.decoding.contract import Draft, Drafter
 from specbench.decoding.tree import reindex_parents
-from specbench.drafters.base import check_token_id, no_match_draft, require_in_vocabulary, require_positive
+from specbench.drafters.base import (check_token_id, no_match_draft, require_flag, require_in_vocabulary,
+                                     require_positive)
 from specbench.errors import SpecbenchError
 
 MATCH_SAMPLING = ("first", "even")
@@ -135,6 +136,7 @@ class RetrievalDrafter(Drafter):
     ):
         require_positive(max_suffix_length=max_suffix_length, min_suffix_length=min_suffix_length,
                          continuation_length=continuation_length, max_matches=max_matches, num_draft=num_draft)
+        require_flag(cut_to_choices=cut_to_choices)
         if min_suffix_length > max_suffix_length:
             raise SpecbenchError(f"drafter.min_suffix_length ({min_suffix_length}) exceeds max_suffix_length ({max_suffix_length})")
         if match_sampling not in MATCH_SAMPLING:

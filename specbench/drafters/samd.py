@@ -33,7 +33,7 @@ import torch
 from specbench.datastores.suffix_array import SEPARATOR
 from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, StaticSuffixAutomaton
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.drafters.base import require_choice, require_non_negative, require_positive
+from specbench.drafters.base import require_choice, require_non_negative, require_number, require_positive
 from specbench.drafters.recycling import TokenRecycling
 from specbench.errors import SpecbenchError
 
@@ -174,8 +174,7 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
                  automaton: str | None = None, cache_dir: str | None = None):
         require_positive(n_predicts=n_predicts, len_threshold=len_threshold)
         require_non_negative(len_bias=len_bias)
-        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 0:
-            raise SpecbenchError(f"drafter.alpha must be a positive number, got {alpha!r}")
+        require_number("alpha", alpha, low=0, above_low=True)  # inf would draft n_predicts tokens from any match
         require_choice("auxiliary", auxiliary, AUXILIARIES)
         self.name = name
         self.n_predicts = n_predicts

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.drafters.base import require_non_negative, require_positive
+from specbench.drafters.base import require_flag, require_non_negative, require_number, require_positive
 from specbench.errors import SpecbenchError
 
 BOUNDARY = -1  # between two sequences of one tree: no occurrence spans it and nothing follows it
@@ -261,15 +261,11 @@ class SuffixDecoding(Drafter):
         require_non_negative(max_cached_requests=max_cached_requests)
         if max_spec_tokens is not None:
             require_positive(max_spec_tokens=max_spec_tokens)
-        for key, value in (("max_spec_factor", max_spec_factor), ("max_spec_offset", max_spec_offset)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise SpecbenchError(f"drafter.{key} must be a number >= 0, got {value!r}")
-        if not isinstance(min_token_prob, (int, float)) or isinstance(min_token_prob, bool) \
-                or not 0 <= min_token_prob <= 1:
-            raise SpecbenchError(f"drafter.min_token_prob must be a number in [0, 1], got {min_token_prob!r}")
-        for key, value in (("tree_spec", tree_spec), ("warm_up_teaches", warm_up_teaches)):
-            if not isinstance(value, bool):
-                raise SpecbenchError(f"drafter.{key} must be true or false, got {value!r}")
+        # nan passes every comparison with a bound, and inf makes int() of the draft length fail mid-run
+        require_number("max_spec_factor", max_spec_factor, low=0)
+        require_number("max_spec_offset", max_spec_offset, low=0)
+        require_number("min_token_prob", min_token_prob, low=0, high=1)
+        require_flag(tree_spec=tree_spec, warm_up_teaches=warm_up_teaches)
         self.name = name
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests

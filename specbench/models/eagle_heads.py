@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench.errors import SpecbenchError, refusing_writes
+from specbench.errors import SpecbenchError, damage_reason, refusing_writes
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,9 @@ class HeadConfig:
             # its embedding is a copy of the target's, so it has the target's width
             raise SpecbenchError(f"an eagle head is as wide as its target: hidden_size={self.hidden_size} but "
                                  f"target_hidden_size={self.target_hidden_size}")
-        if not (isinstance(self.rope_theta, (int, float)) and math.isfinite(self.rope_theta) and self.rope_theta > 0):
-            raise SpecbenchError(f"EAGLE head rope_theta must be a positive number, got {self.rope_theta!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            if not _positive_real(getattr(self, name)):
+                raise SpecbenchError(f"EAGLE head {name} must be a finite number > 0, got {getattr(self, name)!r}")
         check_rope_scaling(self.rope_scaling, self.format)
         if self.feature_layers is not None:
             layers = tuple(self.feature_layers)
@@ -132,6 +133,31 @@ class HeadConfig:
         return self.num_features * self.target_hidden_size
 
 
+def _positive_real(value) -> bool:
+    """Whether ``value`` is a finite number > 0: not a bool (true would pass as 1), a string, inf or nan."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _config_count(layer: dict, key: str, source: str, default: int | None = None) -> int:
+    """A count of a head's config.json (a width, a number of heads, a vocabulary size), checked as read: a JSON
+    integer >= 1, since int() would take 64.5 as 64 and "64" as 64, and fail on inf or nan in a traceback; null
+    or absent is ``default`` where the head has one."""
+    value = layer.get(key)
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecbenchError(f"EAGLE head {source}: config.json sets {key}={value!r}; it must be a positive integer")
+    return value
+
+
+def _config_real(layer: dict, key: str, source: str, default: float) -> float:
+    """A real of a head's config.json (rms_norm_eps, rope_theta): absent is ``default``; else a finite number > 0."""
+    value = layer.get(key, default)
+    if not _positive_real(value):
+        raise SpecbenchError(f"EAGLE head {source}: config.json sets {key}={value!r}; it must be a finite number > 0")
+    return float(value)
+
+
 def check_rope_scaling(rope_scaling: dict | None, format: str) -> None:
     """Refuse a rotary scaling the head cannot apply as its authors' code does: EAGLE applies only linear scaling
     (it never applies Llama-3.1's llama3 scaling to its heads), vLLM applies a speculators head's llama3 scaling."""
@@ -143,8 +169,8 @@ def check_rope_scaling(rope_scaling: dict | None, format: str) -> None:
         raise SpecbenchError(f"EAGLE head rope_scaling {rope_scaling!r} is not supported in format {format}; "
                              f"supported: none or rope_type {' or '.join(allowed)}")
     needed = ("factor",) if kind == "linear" else LLAMA3_ROPE_KEYS
-    missing = [key for key in needed if not isinstance(rope_scaling.get(key), (int, float))]
-    if missing or rope_scaling["factor"] <= 0:
+    missing = [key for key in needed if not _positive_real(rope_scaling.get(key))]
+    if missing:
         raise SpecbenchError(f"EAGLE head rope_scaling {rope_scaling!r} needs positive numbers for "
                              f"{', '.join(needed)}")
 
@@ -618,8 +644,8 @@ def _read_config(directory: Path, source: str) -> dict:
         raise SpecbenchError(f"EAGLE head {source} has no config.json in {directory}")
     try:
         config = json.loads(file.read_text())
-    except (OSError, ValueError) as error:
-        raise SpecbenchError(f"EAGLE head {source}: {file} is not readable JSON ({error})") from error
+    except Exception as error:  # OSError, not UTF-8, not JSON, RecursionError (deep nesting): damaged all the same
+        raise SpecbenchError(f"EAGLE head {source}: {file} is not readable JSON ({damage_reason(error)})") from None
     if not isinstance(config, dict):
         raise SpecbenchError(f"EAGLE head {source}: {file} holds {type(config).__name__}, not a config object")
     return config
@@ -654,7 +680,8 @@ def detect_format(config: dict, state: dict, source: str) -> str:
     if any(key.startswith("midlayer.") for key in state):
         return "eagle3"
     fc = state.get("fc.weight")
-    hidden = config.get("hidden_size")
+    # EAGLE-1's format is told by its fc's width, 2 x hidden_size: a hidden_size that is no count is named first
+    hidden = _config_count(config, "hidden_size", source) if "hidden_size" in config else None
     if any(key.startswith("layers.0.") for key in state) and fc is not None and fc.ndim == 2 \
             and fc.shape[1] == 2 * (hidden or -1):
         return "eagle"
@@ -689,8 +716,10 @@ def parse_config(raw: dict, format: str, state: dict, source: str) -> HeadConfig
         target_hidden = raw.get("target_hidden_size") if format == "eagle3" else None
         fc_bias = bool(raw.get("bias", True)) if format == "eagle" else False
     layer_count = layer.get("num_hidden_layers", 1)
-    if layer_count != 1:
-        raise SpecbenchError(f"EAGLE head {source} has num_hidden_layers={layer_count}; supported: 1")
+    if not isinstance(layer_count, int) or isinstance(layer_count, bool) or layer_count != 1:  # true == 1.0 == 1
+        raise SpecbenchError(f"EAGLE head {source} has num_hidden_layers={layer_count!r}; supported: 1")
+    if not isinstance(raw.get("bias", True), bool):  # bool("false") is true
+        raise SpecbenchError(f"EAGLE head {source}: config.json sets bias={raw.get('bias')!r}; it must be true or false")
     activation = layer.get("hidden_act", "silu")
     if activation != "silu":
         raise SpecbenchError(f"EAGLE head {source} has hidden_act={activation!r}; supported: silu")
@@ -698,17 +727,22 @@ def parse_config(raw: dict, format: str, state: dict, source: str) -> HeadConfig
                if key not in layer]
     if missing:
         raise SpecbenchError(f"EAGLE head {source}: its config lacks {', '.join(missing)}")
-    hidden, heads = int(layer["hidden_size"]), int(layer["num_attention_heads"])
+    hidden, heads = _config_count(layer, "hidden_size", source), _config_count(layer, "num_attention_heads", source)
     theta, scaling = _rope_of(layer)
-    vocab = int(layer["vocab_size"])
+    vocab = _config_count(layer, "vocab_size", source)
+    # the others as read, by the names config.json gives them (draft_vocab_size and target_hidden_size at its top)
+    outer = raw if format == "speculators" else layer
     return HeadConfig(
         kind="eagle" if format == "eagle" else "eagle3", hidden_size=hidden,
-        intermediate_size=int(layer["intermediate_size"]), num_attention_heads=heads,
-        num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
-        head_dim=int(layer.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(layer.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS)),
-        rope_theta=float(theta if theta is not None else DEFAULT_ROPE_THETA), rope_scaling=scaling,
-        vocab_size=vocab, draft_vocab_size=int(draft_vocab or vocab), target_hidden_size=int(target_hidden or hidden),
+        intermediate_size=_config_count(layer, "intermediate_size", source), num_attention_heads=heads,
+        num_key_value_heads=_config_count(layer, "num_key_value_heads", source, heads),
+        head_dim=_config_count(layer, "head_dim", source, hidden // heads or 1),
+        rms_norm_eps=_config_real(layer, "rms_norm_eps", source, DEFAULT_RMS_NORM_EPS),
+        rope_theta=_config_real({"rope_theta": theta}, "rope_theta", source, DEFAULT_ROPE_THETA) if theta is not None
+        else DEFAULT_ROPE_THETA, rope_scaling=scaling, vocab_size=vocab,
+        draft_vocab_size=_config_count(outer, "draft_vocab_size", source, vocab) if draft_vocab is not None else vocab,
+        target_hidden_size=_config_count(outer, "target_hidden_size", source, hidden) if target_hidden is not None
+        else hidden,
         feature_layers=tuple(feature_layers) if feature_layers is not None else None, fc_bias=fc_bias,
         verifier=verifier_name, format=format)
 

@@ -1,0 +1,221 @@
+"""Every number and flag a drafter config or a head's config.json sets is checked for its type and finiteness, not
+only its sign: inf, nan, a bool, a string, or a fraction where a count is meant is refused in one line naming the
+key. The drafter cases are generated from the configs themselves (every numeric and true/false key of every
+config in conf/drafter), so a key added later is covered without a new test."""
+
+import functools
+import inspect
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from specbench.config import compose, group_options
+from specbench.errors import SpecbenchError
+from specbench.runner import build
+
+# lookups keyed by model or family: their entries are the loaders' (pruned drafts, trained heads), not settings
+LOOKUPS = ("_by_family", "_by_model")
+BAD = {"count": [math.inf, -math.inf, math.nan, 2.5, "4", True], "real": [math.inf, -math.inf, math.nan, "0.5", True],
+       "flag": ["no", 1]}
+CONF = Path(__file__).resolve().parents[1] / "conf" / "drafter"
+
+
+@functools.lru_cache(maxsize=None)
+def drafter_yaml(name: str):
+    """conf/drafter/<name>.yaml with its defaults merged as Hydra merges a group's defaults list (read directly:
+    composing every config costs seconds, and test_config.py composes each already; one is compared below)."""
+    own = OmegaConf.load(CONF / f"{name}.yaml")
+    defaults = list(own.pop("defaults", []) or [])
+    if "_self_" not in defaults:
+        defaults.append("_self_")
+    merged = OmegaConf.create()
+    for entry in defaults:
+        merged = OmegaConf.merge(merged, own if entry == "_self_" else drafter_yaml(entry))
+    return merged
+
+
+def config_with(name: str, key: str | None = None, value=None):
+    """The drafter node of ``name`` under a root that resolves its interpolations, ``key`` set to ``value``."""
+    root = OmegaConf.create({"drafter": OmegaConf.to_container(drafter_yaml(name), resolve=False),
+                             "task": {"path": None}})
+    if key is not None:
+        OmegaConf.update(root, f"drafter.{key}", value, force_add=True)
+    return root.drafter
+
+
+def annotation_of(target: str, key: str) -> str:
+    """The constructor's annotation of a top-level setting, for a null in the config: is it a count or a real."""
+    parameter = inspect.signature(get_class(target).__init__).parameters.get(key)
+    return str(parameter.annotation) if parameter is not None else ""
+
+
+def typed_keys(name: str) -> list[tuple[str, str]]:
+    """(dotted key, "count" | "real" | "flag") for every setting of drafter config ``name`` that holds a number or
+    a true/false, read from the config (a null counts when the constructor's annotation names a number)."""
+    container = OmegaConf.to_container(drafter_yaml(name), resolve=False)
+    keys = []
+
+    def visit(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if key.startswith("_") or key.endswith(LOOKUPS):
+                continue
+            if isinstance(value, dict):
+                visit(value, f"{dotted}.")
+            elif isinstance(value, bool):
+                keys.append((dotted, "flag"))
+            elif isinstance(value, int):
+                keys.append((dotted, "count"))
+            elif isinstance(value, float):
+                keys.append((dotted, "real"))
+            elif value is None and not prefix:
+                annotation = annotation_of(container["_target_"], key)
+                if "int" in annotation:
+                    keys.append((dotted, "count"))
+                elif "float" in annotation:
+                    keys.append((dotted, "real"))
+
+    visit(container, "")
+    return keys
+
+
+DRAFTERS = sorted(path.stem for path in CONF.glob("*.yaml"))
+
+
+def refusal(call, *args, **kwargs) -> str:
+    with pytest.raises(SpecbenchError) as error:
+        call(*args, **kwargs)
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
+def with_value(name: str, key: str, value):
+    return config_with(name, key, value)
+
+
+@pytest.mark.parametrize("name, key, kind", [(name, key, kind) for name in DRAFTERS for key, kind in typed_keys(name)])
+def test_a_bad_drafter_value_is_refused_naming_the_key(name, key, kind):
+    for value in BAD[kind]:
+        message = refusal(build, with_value(name, key, value))
+        assert f"drafter.{key}" in message and repr(value) in message and "must be" in message, message
+
+
+def test_the_configs_read_here_are_the_composed_ones():
+    for name in ("sps", "hd-chains"):  # each with a defaults list
+        composed = OmegaConf.to_container(compose([f"drafter={name}"]).drafter, resolve=False)
+        assert OmegaConf.to_container(drafter_yaml(name), resolve=False) == composed
+
+
+def test_the_generated_cases_cover_the_numeric_and_flag_settings():
+    # a check that the generator reads the configs: known keys of each kind are among its cases
+    assert DRAFTERS == sorted(group_options("drafter"))
+    found = {(name, key): kind for name in DRAFTERS for key, kind in typed_keys(name)}
+    assert found[("sps", "max_gamma")] == "count"  # null in sps.yaml: known by the annotation
+    assert found[("suffix", "max_spec_tokens")] == "count"
+    assert found[("samd", "alpha")] == "real"
+    assert found[("suffix", "min_token_prob")] == "real"
+    assert found[("hd", "model_db_build.max_new_tokens")] == "count"
+    assert found[("hd", "seed")] == "count"
+    assert found[("lookahead", "pool_from_prompt")] == "flag"
+    assert found[("pld", "no_match_token")] == "count"
+    assert not any(key.startswith("drafts_by_family") or key.startswith("heads_by_model") for _, key in found)
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_each_drafter_builds_with_its_own_values(name):
+    # the refusals above are of the bad values, not of every value: the configs' own build
+    assert build(config_with(name)) is not None
+
+
+@pytest.mark.parametrize("value", [[2.7], ["3"], [math.inf], [True], [-1], [], 3, "2,5"])
+@pytest.mark.parametrize("name", ["eagle", "eagle3"])
+def test_bad_eagle_feature_layers_are_refused(name, value):
+    message = refusal(build, with_value(name, "feature_layers", value))
+    assert "drafter.feature_layers" in message, message
+
+
+@pytest.mark.parametrize("value, expected", [(4, 4.0), (0.5, 0.5)])
+def test_a_real_setting_takes_an_integer_or_a_fraction(value, expected):
+    assert build(with_value("samd", "alpha", value)).alpha == expected
+
+
+# ---- the numbers of a head's config.json ---------------------------------------------------------------------
+
+HEAD_COUNTS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "vocab_size", "num_hidden_layers")
+HEAD_REALS = ("rms_norm_eps", "rope_theta")
+BAD_HEAD_COUNTS = [math.inf, math.nan, 64.5, "64", True, None]
+BAD_HEAD_REALS = [math.inf, math.nan, "1e-5", True, 0, None]
+
+
+@pytest.fixture(scope="module")
+def head_directory(tiny, tmp_path_factory):
+    """A tiny EAGLE head (random weights) for the tiny random target, saved in EAGLE's format."""
+    from specbench.models.eagle_heads import build_head, head_config_for, save_eagle_head
+
+    torch.manual_seed(0)
+    head = build_head(head_config_for(tiny, "eagle"), tiny.model.get_output_embeddings(),
+                      tiny.model.get_input_embeddings().weight)
+    directory = tmp_path_factory.mktemp("head")
+    save_eagle_head(head, directory, "eagle")
+    return tiny, directory
+
+
+def damaged_head(head_directory, tmp_path, key, value):
+    import shutil
+
+    target, directory = head_directory
+    copy_dir = tmp_path / "head"
+    shutil.copytree(directory, copy_dir)
+    config = json.loads((copy_dir / "config.json").read_text())
+    assert key in config or key in ("num_hidden_layers", "rms_norm_eps", "rope_theta", "num_key_value_heads",
+                                    "head_dim"), sorted(config)
+    config[key] = value
+    (copy_dir / "config.json").write_text(json.dumps(config))
+    return target, copy_dir
+
+
+@pytest.mark.parametrize("value", BAD_HEAD_COUNTS, ids=repr)
+@pytest.mark.parametrize("key", HEAD_COUNTS)
+def test_a_bad_head_count_is_refused_naming_the_key(head_directory, tmp_path, key, value):
+    from specbench.models.eagle_heads import load_eagle_head
+
+    if value is None and key in ("num_key_value_heads", "head_dim"):
+        pytest.skip("null: the head's own default (all heads; hidden_size / heads)")
+    target, directory = damaged_head(head_directory, tmp_path, key, value)
+    message = refusal(load_eagle_head, target, str(directory), "eagle")
+    assert key in message and repr(value) in message, message
+
+
+@pytest.mark.parametrize("value", BAD_HEAD_REALS, ids=repr)
+@pytest.mark.parametrize("key", HEAD_REALS)
+def test_a_bad_head_real_is_refused_naming_the_key(head_directory, tmp_path, key, value):
+    from specbench.models.eagle_heads import load_eagle_head
+
+    if value is None and key == "rope_theta":
+        pytest.skip("null: EAGLE's default rotary base")
+    target, directory = damaged_head(head_directory, tmp_path, key, value)
+    message = refusal(load_eagle_head, target, str(directory), "eagle")
+    assert key in message and repr(value) in message, message
+
+
+@pytest.mark.parametrize("factor", [math.inf, math.nan, "2", True, 0, -1])
+def test_a_bad_rope_scaling_factor_is_refused(head_directory, tmp_path, factor):
+    from specbench.models.eagle_heads import load_eagle_head
+
+    target, directory = damaged_head(head_directory, tmp_path, "rope_scaling", {"type": "linear", "factor": factor})
+    message = refusal(load_eagle_head, target, str(directory), "eagle")
+    assert "rope_scaling" in message, message
+
+
+def test_the_head_loads_with_its_own_values(head_directory):
+    from specbench.models.eagle_heads import load_eagle_head
+
+    target, directory = head_directory
+    assert load_eagle_head(target, str(directory), "eagle") is not None
