@@ -3,7 +3,11 @@
 # torch, transformers, accelerate, numpy, pandas, pyarrow, numba and PyYAML but not specbench's configuration and
 # datastore packages (hydra-core, omegaconf, antlr4, pydivsufsort, gguf), and no network.
 #
-#   scripts/gpu_bundle.sh [DIR] [PYTHON_VERSION]      (defaults: shared-gpu-bundle, 3.12)
+#   scripts/gpu_bundle.sh [DIR] [PYTHON_VERSION] [GLIBC]      (defaults: shared-gpu-bundle, 3.12, 2.39)
+#
+# GLIBC: the GPU machine's glibc (`ldd --version` there; the device tool's image, Ubuntu 24.04 with Python 3.12.3,
+# has 2.39). Wheels built for any manylinux up to it are accepted: manylinux2014 (glibc 2.17) and the newer
+# manylinux_2_N tags that recent releases publish only (manylinux_2_28 and later).
 #
 # DIR is git-ignored but travels with the working tree when named in `carry` (it is a few MiB, far under 64 MiB).
 # The versions are the ones this venv runs, so the GPU machine composes exactly the configs the tests compose.
@@ -11,14 +15,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-shared-gpu-bundle}
 PYVER=${2:-3.12}
+GLIBC=${3:-2.39}
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 mkdir -p "$DIR"
 rm -f "$DIR"/*.whl
+# Every manylinux tag the GPU machine's glibc runs: pip matches --platform tags exactly, so each is named, newest
+# first (pip takes the newest release that has a wheel for any of them).
+case "$GLIBC" in 2.[0-9]|2.[0-9][0-9]) ;; *) echo "gpu_bundle.sh: GLIBC=$GLIBC is not a glibc version like 2.39" >&2; exit 2;; esac
+PLATFORMS=()
+for minor in $(seq "${GLIBC#2.}" -1 17); do PLATFORMS+=(--platform "manylinux_2_${minor}_x86_64"); done
+PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 # pure-python wheels and the compiled suffix-array wheel, for the GPU machine's Python, without dependencies
-# (pydivsufsort unpinned: its newest releases have no manylinux2014 wheel, which runs on any glibc >= 2.17)
-"$PY" -m pip download --quiet --only-binary :all: --python-version "$PYVER" --platform manylinux2014_x86_64 \
+# (pydivsufsort unpinned: its newest releases publish manylinux_2_28 wheels, older ones manylinux2014)
+"$PY" -m pip download --quiet --only-binary :all: --python-version "$PYVER" "${PLATFORMS[@]}" \
     --no-deps -d "$DIR" \
     "hydra-core==$(version hydra-core)" "omegaconf==$(version omegaconf)" \
     "pydivsufsort>=0.0.14" "gguf==$(version gguf)"
@@ -28,6 +39,7 @@ echo "bundle $DIR ($(du -sh "$DIR" | cut -f1)):"
 ls -l "$DIR"/*.whl | awk '{printf "  %9d  %s\n", $5, $NF}'
 cat <<USAGE
 
-On the GPU machine (run tool: carry ["$DIR"]), from the repository root:
-  pip install --no-index --no-deps $DIR/*.whl && python scripts/gpu_check.py --out gpu_check.json
+On the GPU machine (run tool: carry ["$DIR"]), from the repository root (the tool brings back only what is
+written under \$OUT):
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site $DIR/*.whl && PYTHONPATH=/tmp/site python3 scripts/gpu_check.py --out "\$OUT/gpu_check.json"
 USAGE

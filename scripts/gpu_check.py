@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """One command that checks specbench on the machine at hand and prints a PASS/FAIL table (docs/gpu.md).
 
-    python scripts/gpu_check.py                    # the GPU if torch sees one, else the CPU (smaller sizes)
-    python scripts/gpu_check.py --device cpu --quick --out check.json
+    python3 scripts/gpu_check.py                   # the GPU if torch sees one, else the CPU (smaller sizes)
+    python3 scripts/gpu_check.py --device cpu --quick --out check.json
+    python3 scripts/gpu_check.py --out "$OUT/gpu_check.json"   # on the device tool's machine: $OUT comes back
 
 Rows: (1) float32 losslessness of every drafter config on tiny-random against transformers' greedy generate();
 (2) float16 / bfloat16 runs of every drafter against the AR decode of the same model, differences classified by
@@ -14,8 +15,8 @@ by a small one. Every row is guarded: an exception is a FAIL with its first line
 iff no row FAILs.
 
 Drafter configs are composed with hydra as the tests compose them: on a bare GPU machine install the wheels that
-``scripts/gpu_bundle.sh`` prepares (hydra-core, omegaconf, antlr4, pydivsufsort, gguf). Without hydra, rows 1-2 are
-FAIL with the reason and the rest still runs.
+``scripts/gpu_bundle.sh`` prepares (hydra-core, omegaconf, antlr4, pydivsufsort, gguf; the command it prints installs
+them). Without hydra, rows 1-2 are FAIL with the reason and the rest still runs.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from specbench.errors import reporting_user_errors  # noqa: E402  # standard library only
 from specbench.interrupts import Interrupts  # noqa: E402
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
@@ -716,4 +718,4 @@ def print_table(rows: list[Row], wall: float) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_interrupts.run(main))
+    sys.exit(_interrupts.run(reporting_user_errors("gpu_check", main)))

@@ -10,6 +10,7 @@ keeps working."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -169,3 +170,49 @@ def test_the_round_trip_row_counts_synchronisations_inside_torch(monkeypatch):
     steps = gpu_check.count_round_trips(model, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(False))
     status, detail = gpu_check.round_trip_verdict([("ar", steps[1:-1])])
     assert status == "PASS" and "torch syncs n/a (CPU)" in detail and len(modes) == 4
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# Stands in for python in scripts/gpu_bundle.sh: records each pip call, 'downloads' an empty wheel.
+if [ "$1" = -c ]; then echo 1.0; exit 0; fi
+echo "$*" >> "$CALLS"
+while [ $# -gt 0 ]; do case "$1" in -d|-w) touch "$2/fake-1.0-py3-none-any.whl"; shift;; esac; shift; done
+"""
+
+
+def test_the_bundle_accepts_every_manylinux_tag_the_gpu_machine_runs(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PYTHON": str(fake), "CALLS": str(calls)}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bundle.sh"), str(tmp_path / "bundle"), "3.12", "2.31"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    download = next(line.split() for line in calls.read_text().splitlines() if line.startswith("-m pip download"))
+    platforms = [download[index + 1] for index, word in enumerate(download) if word == "--platform"]
+    # manylinux_2_28 wheels (pydivsufsort's newest) and every tag from glibc 2.31 down to manylinux2014's 2.17
+    assert platforms == [f"manylinux_2_{minor}_x86_64" for minor in range(31, 16, -1)] + [
+        "manylinux2014_x86_64", "manylinux1_x86_64"]
+    assert 'python3 scripts/gpu_check.py --out "$OUT/gpu_check.json"' in done.stdout  # where the device tool looks
+    refused = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bundle.sh"), str(tmp_path / "b2"), "3.12", "new"],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2 and "GLIBC=new is not a glibc version" in refused.stderr
+
+
+def test_the_documented_gpu_commands_use_python3_and_write_under_out():
+    """The device tool's image has python3 (no python, no bare pip) and brings back only what is written under
+    $OUT: the commands of docs/gpu.md, the script's docstring and the bundle's usage say so."""
+    import re
+
+    docs = (ROOT / "docs" / "gpu.md").read_text()
+    blocks = "\n".join(re.findall(r"```\n(.*?)```", docs, flags=re.S))
+    docstring = gpu_check_module().__doc__
+    bundle = (ROOT / "scripts" / "gpu_bundle.sh").read_text()
+    for where, text in (("docs/gpu.md", blocks), ("gpu_check.py's docstring", docstring), ("gpu_bundle.sh", bundle)):
+        commands = [line.strip() for line in text.splitlines() if "gpu_check.py" in line and "--out" in line
+                    or "pip install" in line]
+        assert commands, where
+        for command in commands:
+            assert not re.search(r"(^|\s)(python|pip)\s", command.replace("-m pip", "")), (where, command)
+        assert any('--out "$OUT/' in command or '--out "\\$OUT/' in command for command in commands), where
