@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from specbench.errors import SpecbenchError, raise_refusal, refusing_writes, storage_refusal
+from specbench.errors import SpecbenchError, damage_reason, raise_refusal, refusing_writes, storage_refusal
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,8 @@ def read_manifest(directory: Path, what: str, fix: str) -> dict:
         raise SpecbenchError(f"{directory}: no {what} here (manifest.json missing); {fix}")
     try:
         manifest = json.loads(manifest_file.read_text())
-    except (OSError, ValueError) as error:
-        raise SpecbenchError(f"{directory}: damaged {what} (manifest.json: {error}); {fix}") from None
+    except Exception as error:  # OSError, not UTF-8, not JSON, RecursionError (deep nesting): damaged all the same
+        raise SpecbenchError(f"{directory}: damaged {what} (manifest.json: {damage_reason(error)}); {fix}") from None
     if not isinstance(manifest, dict):
         raise SpecbenchError(f"{directory}: damaged {what} (manifest.json is not a JSON object); {fix}")
     return manifest
@@ -461,7 +461,7 @@ class FileLock:
 def _parse_holder(text: str) -> dict | None:
     try:
         holder = json.loads(text) if text.strip() else None
-    except ValueError:
+    except Exception:  # a garbled lock file (RecursionError included) names no holder
         return None
     return holder if isinstance(holder, dict) else None
 

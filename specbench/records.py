@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from specbench import metrics
 from specbench.data import HUB_PREFIX, SAMPLE_QUESTIONS, TASKS, Prompt, read_questions, select_questions
-from specbench.errors import SpecbenchError, refusing_writes, storage_refusal
+from specbench.errors import SpecbenchError, damage_reason, refusing_writes, storage_refusal
 from specbench.mismatch import KINDS as MISMATCH_KINDS
 from specbench.mismatch import Mismatch
 
@@ -538,7 +538,7 @@ def read_json_file(path: str | Path, what: str) -> dict:
         value = json.loads(path.read_bytes().decode("utf-8"))
     except OSError as error:
         raise SpecbenchError(f"{path}: cannot be read ({error.strerror or error})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except Exception:  # not UTF-8, not JSON, an integer past 4300 digits, RecursionError (deep nesting), ...
         raise SpecbenchError(f"{path} is empty or damaged (not valid JSON); it is the {what}") from None
     if not isinstance(value, dict):
         raise SpecbenchError(f"{path} is damaged (not a JSON object); it is the {what}")
@@ -861,9 +861,10 @@ class RunDirectory:
         try:
             with np.load(self.drafter_state_file, allow_pickle=False) as saved:
                 arrays = {key: saved[key] for key in saved.files}
-        except (OSError, ValueError) as error:
-            raise SpecbenchError(f"{self.drafter_state_file} is damaged ({error}); remove it to start the drafter's "
-                                 "state afresh (the resumed questions then differ from an uninterrupted run)") from None
+        except Exception as error:  # numpy and zipfile raise OSError, ValueError, BadZipFile, EOFError, zlib.error, ...
+            raise SpecbenchError(f"{self.drafter_state_file} is damaged ({damage_reason(error)}); remove it to start "
+                                 "the drafter's state afresh (the resumed questions then differ from an uninterrupted "
+                                 "run)") from None
         if "_questions" not in arrays:
             raise SpecbenchError(f"{self.drafter_state_file} is damaged (it does not list the questions it has seen); "
                                  "remove it to start the drafter's state afresh")

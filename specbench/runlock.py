@@ -184,6 +184,6 @@ class RunLock:
             self._handle.seek(0)
             text = self._handle.read().strip()
             holder = json.loads(text) if text else None
-        except (OSError, ValueError):
+        except Exception:  # a garbled holder record (RecursionError included) names no holder
             return None
         return holder if isinstance(holder, dict) else None

@@ -32,7 +32,7 @@ from specbench.decoding.sampling import Sampling
 from specbench.distributed import Processes
 from specbench.models.devices import resolve_device
 from specbench.drafters.ar import NoDraft
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, damage_reason
 from specbench.mismatch import diagnose
 from specbench.models import LoadedModel
 from specbench.models.devices import driver_version, gpus_listed_by_driver, why_no_cuda
@@ -541,8 +541,11 @@ def saved_latencies(latency_file: Path) -> dict[int, float] | None:
         return None
     try:
         saved = json.loads(latency_file.read_text())["latency_s"]
-        return {int(size): float(seconds) for size, seconds in saved.items()}
-    except (ValueError, KeyError, TypeError, AttributeError):
+        latencies = {int(size): float(seconds) for size, seconds in saved.items()}
+        if not all(size > 0 and np.isfinite(seconds) and seconds > 0 for size, seconds in latencies.items()):
+            raise ValueError("a size or latency out of range")
+        return latencies
+    except Exception:  # whatever the reading raised (RecursionError, OSError, a wrong shape): measured again
         log.warning("%s is damaged; calibrating again", latency_file)
         return None
 
@@ -565,7 +568,14 @@ def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: se
     if saved is None:
         return
     state, seen = saved
-    drafter.restore(state)
+    try:
+        drafter.restore(state)
+    except SpecbenchError as error:
+        raise SpecbenchError(f"{run_dir.drafter_state_file} is damaged ({error}); remove it to start the drafter's "
+                             "state afresh") from None
+    except Exception as error:  # arrays missing or of another shape in a file that numpy read: damaged as well
+        raise SpecbenchError(f"{run_dir.drafter_state_file} is damaged ({type(error).__name__}: "
+                             f"{damage_reason(error)}); remove it to start the drafter's state afresh") from None
     if seen != {str(question) for question in finished}:
         log.warning("%s: the saved drafter state has seen %d of the %d finished questions (the run was stopped "
                     "while saving); the resumed questions may differ slightly from an uninterrupted run's",

@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import zlib
 from pathlib import Path
 
 import torch
@@ -44,7 +43,7 @@ from specbench.artefacts import (
     verify_files,
 )
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
-from specbench.errors import SpecbenchError, raise_refusal
+from specbench.errors import SpecbenchError, damage_reason, raise_refusal
 
 log = logging.getLogger(__name__)
 ANSWERS_FILE = "answers.jsonl"
@@ -165,15 +164,28 @@ def prompts_digest(prompts: list[str]) -> str:
 def shipped_manifest(model_name: str, shipped_dir: Path | None = None) -> dict | None:
     """The manifest of the answers shipped for ``model_name`` (``answers-<model>.json`` in the package's data), or
     None when none are shipped or the manifest is unreadable (then nothing is installed)."""
+    manifest, problem = _shipped_manifest(model_name, shipped_dir)
+    if problem:
+        log.warning("the shipped answers' manifest is damaged (%s); not using it", problem)
+    return manifest
+
+
+def _shipped_manifest(model_name: str, shipped_dir: Path | None = None) -> tuple[dict | None, str | None]:
+    """(the manifest of the answers shipped for ``model_name``, None) when there is a readable one; (None, what is
+    wrong with it) when it is damaged, whatever the reading raised; (None, None) when none is shipped."""
     file = (shipped_dir or SHIPPED_ANSWERS_DIR) / f"answers-{model_name}.json"
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        log.warning("the shipped answers' manifest %s is unreadable (%s); not using it", file, error)
-        return None
-    return manifest if isinstance(manifest, dict) and manifest.get("kind") == SHIPPED_KIND else None
+        return None, None
+    except Exception as error:  # OSError, UnicodeDecodeError, JSONDecodeError, RecursionError (deep nesting), ...
+        return None, f"{file}: {damage_reason(error)}"
+    if not isinstance(manifest, dict) or manifest.get("kind") != SHIPPED_KIND:
+        return None, f"{file}: not a manifest of shipped answers"
+    for key in ("model", "prompts"):
+        if not isinstance(manifest.get(key), dict):
+            return None, f"{file}: its {key!r} is not a table"
+    return manifest, None
 
 
 def shipped_mismatch(manifest: dict, settings: dict) -> str | None:
@@ -198,8 +210,8 @@ def shipped_rows(manifest: dict, shipped_dir: Path | None = None) -> bytes:
     file = (shipped_dir or SHIPPED_ANSWERS_DIR) / str(manifest.get("file"))
     try:
         data = gzip.decompress(file.read_bytes())
-    except (OSError, EOFError, zlib.error) as error:
-        raise SpecbenchError(f"{file}: {getattr(error, 'strerror', None) or error}") from None
+    except Exception as error:  # OSError (BadGzipFile among them), EOFError, zlib.error, ...
+        raise SpecbenchError(f"{file}: {damage_reason(error)}") from None
     if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
         raise SpecbenchError(f"{file}: its SHA-256 is not the one its manifest records")
     if any(_pair(line) is None for line in data.splitlines()) or len(data.splitlines()) != manifest.get("answers"):
@@ -321,7 +333,7 @@ def _pair(line: bytes) -> tuple[list[int], list[int]] | None:
     try:
         row = json.loads(line)
         pair = (row["prompt_ids"], row["answer_ids"])
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+    except Exception:  # not UTF-8, not JSON, too deeply nested (RecursionError), not an object of the two keys
         return None
     valid = all(isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
                 for ids in pair)

@@ -110,11 +110,11 @@ def recorded_source(directory: str | Path, *keys: str) -> str | None:
         value = json.loads(text)
         for key in keys:
             value = value[key]
-    except (ValueError, KeyError, TypeError):
+    except Exception:  # not JSON (RecursionError included), or not of this shape: searched as text below
         entry = re.search(rf'"{re.escape(keys[-1])}":\s*("(?:[^"\\]|\\.)*")', text)
         try:
             value = json.loads(entry.group(1)) if entry else None
-        except ValueError:
+        except Exception:
             value = None
     return value if isinstance(value, str) else None
 

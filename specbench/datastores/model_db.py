@@ -12,7 +12,6 @@ frequency), and each key keeps its most frequent continuations. On disk:
 from __future__ import annotations
 
 import shlex
-import zipfile
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -23,7 +22,7 @@ from specbench.artefacts import read_manifest, replace_directory, verify_files
 from specbench.datastores.ngram_pool import RankedNGrams
 from specbench.datastores.prompts import MODEL_DB_PROMPTS
 from specbench.datastores.suffix_array import out_of_vocabulary
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, damage_reason
 
 FORMAT_VERSION = 1
 BUILD_COMMAND = "python scripts/build_model_db.py --model MODEL"
@@ -111,8 +110,8 @@ def load_model_db(directory: str | Path, tokenizer_fingerprint: str, key_tokens:
                     raise ValueError(f"ngrams_{k} {ngrams.dtype}{list(ngrams.shape)}, counts_{k} "
                                      f"{counts.dtype}{list(counts.shape)}; manifest.json: {rows} rows of {width}")
                 tables[k] = (ngrams, counts)
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as error:
-        raise SpecbenchError(f"{directory}: damaged model database ({error}); {rebuild}") from None
+    except Exception as error:  # numpy and zipfile raise OSError, ValueError, KeyError, BadZipFile, zlib.error, ...
+        raise SpecbenchError(f"{directory}: damaged model database ({damage_reason(error)}); {rebuild}") from None
     for k, (ngrams, _) in tables.items():
         bad = out_of_vocabulary(ngrams, 0, vocab_size)
         if bad is not None:

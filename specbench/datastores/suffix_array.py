@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specbench.artefacts import read_manifest, replace_directory, verify_files
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, damage_reason
 
 FORMAT_VERSION = 1
 SEPARATOR = -1  # ends every document; queries never contain it, so no match or continuation crosses documents
@@ -84,8 +84,11 @@ class TokenDatastore:
         try:
             tokens = np.load(directory / "tokens.npy", mmap_mode="r")
             suffixes = np.load(directory / "suffixes.npy", mmap_mode="r")
-        except (OSError, ValueError, EOFError) as error:
-            raise SpecbenchError(f"{directory}: damaged datastore ({error}); {rebuild}") from None
+        except Exception as error:  # numpy raises OSError, ValueError, EOFError, pickle's errors, ...
+            raise SpecbenchError(f"{directory}: damaged datastore ({damage_reason(error)}); {rebuild}") from None
+        if not isinstance(tokens, np.ndarray) or not isinstance(suffixes, np.ndarray):  # an .npz under the name
+            raise SpecbenchError(f"{directory}: damaged datastore (tokens.npy or suffixes.npy holds no array); "
+                                 f"{rebuild}")
         if (tokens.ndim != 1 or tokens.dtype != np.int32 or suffixes.dtype not in (np.int32, np.int64)
                 or tokens.shape != suffixes.shape or tokens.shape[0] != manifest.get("tokens")):
             raise SpecbenchError(f"{directory}: damaged datastore (tokens.npy {tokens.dtype}{list(tokens.shape)}, "

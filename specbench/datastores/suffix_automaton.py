@@ -31,7 +31,7 @@ import numpy as np
 
 from specbench.artefacts import read_manifest, replace_directory, verify_files
 from specbench.datastores.suffix_array import out_of_vocabulary
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, damage_reason
 
 FORMAT_VERSION = 1
 
@@ -663,9 +663,13 @@ class StaticSuffixAutomaton:
         arrays = {}
         for name in _ARRAYS:
             try:
-                arrays[name] = np.asarray(np.load(directory / f"{name}.npy", mmap_mode="r"))
-            except (OSError, ValueError, EOFError) as error:
-                raise SpecbenchError(f"{directory}: damaged suffix automaton ({name}.npy: {error}); {rebuild}") from None
+                loaded = np.load(directory / f"{name}.npy", mmap_mode="r")
+                if not isinstance(loaded, np.ndarray):  # an .npz archive under the name
+                    raise ValueError("not a .npy array")
+                arrays[name] = np.asarray(loaded)
+            except Exception as error:  # numpy raises OSError, ValueError, EOFError, pickle's errors, ...
+                raise SpecbenchError(f"{directory}: damaged suffix automaton ({name}.npy: {damage_reason(error)}); "
+                                     f"{rebuild}") from None
         try:
             states, transitions, n = int(manifest["states"]), int(manifest["transitions"]), int(manifest["tokens"])
         except (KeyError, TypeError, ValueError):

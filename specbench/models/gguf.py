@@ -112,8 +112,8 @@ def gguf_digest(file: Path, models: Path) -> str:
         remembered = json.loads(record.read_text())
         if isinstance(remembered, dict) and {k: remembered.get(k) for k in identity} == identity:
             return str(remembered["sha256"])
-    except (OSError, ValueError, KeyError):
-        pass  # none yet, or damaged: hashed again below
+    except Exception:  # none yet, or damaged whatever json raised (RecursionError too): hashed again below
+        pass
     digest = file_digest(file)
     partial = record.with_name(f".{record.name}.{unique_suffix()}")
     try:
@@ -140,7 +140,7 @@ def converted_copy_problem(converted: Path) -> str | None:
         return f"no {CHECKSUM_FILE}: an older or unfinished conversion"
     try:
         manifest = json.loads(checksum_file.read_text())
-    except ValueError:
+    except Exception:  # unreadable, not UTF-8, not JSON, too deeply nested: damaged (the copy is made again)
         manifest = None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or not manifest["files"]:
         return f"{CHECKSUM_FILE} is damaged"
