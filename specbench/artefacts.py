@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -699,7 +700,11 @@ PREPARE_COMMAND = "python -m specbench.prepare"
 class PlannedArtefact:
     """One artefact a run looks up in the cache: what it is, where it is cached, a rough build time on a 2-core
     CPU (None: not known before its source is downloaded) with what that estimate is scaled from, and the command
-    that builds it ahead of time. ``shipped``: the package carries it, so it is installed, not built."""
+    that builds it ahead of time. ``shipped``: the package carries it, and its copy was checked whole, so it is
+    installed, not built; ``shipped_damage``: why the package's copy cannot be installed, when it is damaged.
+
+    A plan says what it has checked: a cached copy counts as cached only when its files are the ones its manifest
+    records (``cached_damage``), and a shipped one only when its checksum holds (checked by whoever plans it)."""
 
     what: str
     directory: Path
@@ -707,14 +712,46 @@ class PlannedArtefact:
     basis: str
     command: str
     shipped: bool = False
+    shipped_damage: str | None = None
 
     def cached(self) -> bool:
+        """Whether something is cached there, whole or not (``ready``: whole)."""
         return Path(self.directory).exists()
 
+    @functools.cached_property
+    def cached_damage(self) -> str | None:
+        """What is wrong with the cached copy (its manifest unreadable, a file of another size or checksum than
+        the manifest records), or None when it is whole or there is none. Checked once per plan entry."""
+        if not self.cached():
+            return None
+        directory = Path(self.directory)
+        try:
+            return verify_files(directory, read_manifest(directory, "artefact", "it is rebuilt"))
+        except SpecbenchError as error:
+            return str(error)
+
+    def ready(self) -> bool:
+        """Cached and whole: nothing to do."""
+        return self.cached() and self.cached_damage is None
+
+    def needs_build(self) -> bool:
+        """Whether a run would build it: not ready and not installable from the package."""
+        return not self.ready() and not self.shipped
+
     def state(self) -> str:
-        if self.cached():
+        if self.ready():
             return "cached"
-        return "shipped with specbench (installed in a second)" if self.shipped else f"to build, {estimate_text(self)}"
+        if self.shipped:
+            if self.cached():
+                return (f"the cached copy is damaged ({self.cached_damage}): reinstalled from the copy shipped with "
+                        "specbench, in a second")
+            return "shipped with specbench (installed in a second)"
+        why = []
+        if self.cached():
+            why.append(f"the cached copy is damaged ({self.cached_damage})")
+        if self.shipped_damage:
+            why.append(f"the copy shipped with specbench is damaged ({self.shipped_damage})")
+        return (f"{'; '.join(why)}: " if why else "") + f"to build, {estimate_text(self)}"
 
 
 def duration_text(seconds: float) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 
 from specbench.interrupts import Interrupts
 
@@ -76,7 +77,8 @@ def plan_lines(plan: list[tuple[str, PlannedArtefact]]) -> list[str]:
 
     Example: "  hd: the datastore of python-docs for smollm2-135m: to build, about 15 s ...  [~/.cache/...]"."""
     lines = [f"  {drafter}: {planned.what}: {planned.state()}  [{planned.directory}]" for drafter, planned in plan]
-    pending = [planned for _, planned in plan if not planned.cached() and not planned.shipped]
+    # what a run would build: not cached whole (a damaged copy is rebuilt) and not installable from the package
+    pending = [planned for _, planned in plan if planned.needs_build()]
     known = [planned.seconds for planned in pending if planned.seconds is not None]
     total = (f"{len(pending)} to build, {duration_text(sum(known))} in all (an estimate)" if pending else
              "nothing to build")
@@ -127,13 +129,13 @@ def prepare(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     for name, (drafter, settings) in drafters.items():
-        if all(planned.cached() for drafter_name, planned in plan if drafter_name == name):
+        if all(planned.ready() for drafter_name, planned in plan if drafter_name == name):
             continue
         print(f"prepare: building what drafter={name} needs", flush=True)
         # With the run's sampling settings, as the runner calls it.
         drafter.prepare(target, Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p),
                                          seed=settings.seed))
-    missing = [planned for _, planned in plan if not planned.cached()]
+    missing = [planned for _, planned in plan if not replace(planned).ready()]  # checked afresh after the builds
     if missing:  # an artefact a drafter's prepare did not build: the plan and the builders disagree
         raise SpecbenchError(f"{missing[0].what} is still not in {missing[0].directory} after its drafter's build")
     print(f"prepare: done; every artefact above is in the cache, so python -m specbench model={args.model} "

@@ -115,7 +115,16 @@ def planned_answers(target, prompts: list[str], max_new_tokens: int, cache_dir: 
                     purpose: str = "", command: str | None = None) -> PlannedArtefact:
     """The answer set ``target_answers`` looks up, as a plan entry (``artefacts.PlannedArtefact``)."""
     settings = answers_settings(target, prompts, max_new_tokens)
-    manifest = shipped_manifest(target.name)
+    # The package's copy is checked as an install would check it (a few ms): a plan never promises an install
+    # that would then fail and generate for many minutes.
+    shipped = False
+    manifest, damage = _shipped_manifest(target.name)
+    if manifest is not None and shipped_mismatch(manifest, settings) is None:
+        try:
+            shipped_rows(manifest)
+            shipped = True
+        except SpecbenchError as error:
+            damage = str(error)
     return PlannedArtefact(
         what=f"the greedy answers of {target.name} to {len(prompts)} prompts, up to {max_new_tokens} tokens each"
              + (f" ({purpose})" if purpose else ""),
@@ -125,7 +134,7 @@ def planned_answers(target, prompts: list[str], max_new_tokens: int, cache_dir: 
               f"token measured for SmolLM2-135M, x {relative_size(target):.3g} for this model's size; shorter "
               "answers end sooner",
         command=command or prepare_command(target.name),
-        shipped=manifest is not None and shipped_mismatch(manifest, settings) is None)
+        shipped=shipped, shipped_damage=damage)
 
 
 def target_answers(target, prompts: str | list[str] | None = None, max_new_tokens: int = 256, batch_size: int = 8,
@@ -141,10 +150,12 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
     line said before a generation starts."""
     prompts = resolve_prompts(prompts)
     directory = answers_directory(target, prompts, max_new_tokens, cache_dir)
-    if not directory.exists():
-        install_shipped_answers(target, directory, answers_settings(target, prompts, max_new_tokens))
 
     def generate() -> None:
+        # Answers the package ships are installed, under the build lock, where none are cached and where the
+        # cached copy is damaged (reinstalled whole from the package rather than generated for many minutes).
+        if install_shipped_answers(target, directory, answers_settings(target, prompts, max_new_tokens)):
+            return
         announce_build(planned_answers(target, prompts, max_new_tokens, cache_dir, purpose, command))
         _generate_into(directory, target, prompts, max_new_tokens, batch_size)
 

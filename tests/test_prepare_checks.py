@@ -1,0 +1,190 @@
+"""A plan says only what it has checked: ``python -m specbench.prepare --dry-run`` calls a shipped file shipped only
+when its checksum holds, and a cached copy cached only when its files are the ones its manifest records; a
+damaged cached copy of an artefact the package ships is installed again from the package, never generated."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import shutil
+import types
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import specbench.target_answers as answers_module
+from specbench import prepare
+from specbench.config import compose
+from specbench.datastores.build import model_db_prompt_set
+from specbench.target_answers import (
+    answers_directory,
+    planned_answers,
+    resolve_prompts,
+    shipped_manifest,
+    target_answers,
+    write_shipped_answers,
+)
+
+PROMPTS = ["Name a colour.", "Count to three.", "Say hello."]
+SHIPPED_STATE = "shipped with specbench (installed in a second)"
+
+
+def damage_kinds(data: bytes) -> dict[str, bytes]:
+    """Ways a file is found damaged: cut short, replaced by noise, emptied, or whole in its format with other
+    content (a gzip of rows that are not the recorded ones)."""
+    return {"truncated": data[: len(data) // 2], "random bytes": bytes(range(256)) * 4, "empty": b"",
+            "other rows": gzip.compress(b'{"prompt_ids": [1], "answer_ids": [2]}\n')}
+
+
+@pytest.fixture
+def no_generation(monkeypatch):
+    def generate(*args, **kwargs):
+        raise AssertionError("answers were generated")
+
+    monkeypatch.setattr(answers_module, "generate_answers", generate)
+
+
+# ---- the package's own shipped answers, copied and damaged ------------------------------------------------------
+
+
+@pytest.fixture
+def package_copy(tmp_path, monkeypatch, tiny):
+    """specbench/data's shipped answers copied to a folder the lookup reads, and a stand-in for the embedded model
+    with its name and source (the plan reads only those and the config's sizes; loading it would take minutes)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for file in answers_module.SHIPPED_ANSWERS_DIR.glob("answers-smollm2-135m.*"):
+        shutil.copy(file, folder / file.name)
+    monkeypatch.setattr(answers_module, "SHIPPED_ANSWERS_DIR", folder)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    manifest = json.loads((folder / "answers-smollm2-135m.json").read_text())
+    model = types.SimpleNamespace(name="smollm2-135m", source=manifest["model"]["source"], model=tiny.model)
+    return folder, model, manifest
+
+
+def test_the_intact_package_copy_is_planned_as_shipped(package_copy):
+    _, model, manifest = package_copy
+    planned = planned_answers(model, resolve_prompts(None), manifest["max_new_tokens"])
+    assert planned.shipped and planned.state() == SHIPPED_STATE and not planned.needs_build()
+
+
+@pytest.mark.parametrize("kind", ["truncated", "random bytes", "empty", "other rows"])
+def test_a_damaged_shipped_file_is_planned_as_damaged_and_built(package_copy, kind):
+    folder, model, manifest = package_copy
+    file = folder / manifest["file"]
+    file.write_bytes(damage_kinds(file.read_bytes())[kind])
+    planned = planned_answers(model, resolve_prompts(None), manifest["max_new_tokens"])
+    state = planned.state()
+    assert not planned.shipped and planned.needs_build(), state
+    assert state.startswith(f"the copy shipped with specbench is damaged ({file}: ") and "): to build, about" in state
+    assert "\n" not in state
+
+
+@pytest.mark.parametrize("text", ["", "{not json", "[1, 2]", "[" * 100000 + "]" * 100000,
+                                  '{"kind": "shipped target answers", "model": [], "prompts": {}}'],
+                         ids=["empty", "not JSON", "a list", "deeply nested", "a model that is no table"])
+def test_a_damaged_shipped_manifest_is_planned_as_damaged(package_copy, text):
+    folder, model, manifest = package_copy
+    (folder / "answers-smollm2-135m.json").write_text(text)
+    planned = planned_answers(model, resolve_prompts(None), manifest["max_new_tokens"])
+    state = planned.state()
+    assert not planned.shipped and state.startswith("the copy shipped with specbench is damaged (") and "\n" not in state
+    assert shipped_manifest("smollm2-135m") is None  # and nothing is installed from it
+
+
+# ---- the dry run of python -m specbench.prepare -----------------------------------------------------------------
+
+
+HD = ["drafter.model_db_build.max_new_tokens=4", "drafter.model_db_build.max_prompts=3"]
+
+
+@pytest.fixture
+def hd_shipped(tiny, tmp_path, monkeypatch):
+    """Answers of tiny-random to the prompts HD's model database reads under ``HD``, written as shipped ones into
+    a folder the lookup reads; a fresh cache holding the statistics corpus."""
+    build = OmegaConf.to_container(compose(["model=tiny-random", "drafter=hd", *HD]).drafter.model_db_build,
+                                   resolve=True)
+    prompts, _ = model_db_prompt_set(build)
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "generating-cache"))
+    write_shipped_answers(tiny, prompts, 4, folder, {"machine": "test machine"}, "test answers")
+    monkeypatch.setattr(answers_module, "SHIPPED_ANSWERS_DIR", folder)
+    cache = tmp_path / "cache"
+    (cache / "corpora" / "python-docs").mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "fixtures" / "corpus.txt",
+                cache / "corpora" / "python-docs" / "corpus.txt")
+    monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
+    return folder / "answers-tiny-random.jsonl.gz"
+
+
+def dry_run(capsys) -> list[str]:
+    with pytest.raises(SystemExit) as exit_status:
+        prepare.main(["--model", "tiny-random", "--drafters", "hd", "--dry-run", *HD])
+    out, _ = capsys.readouterr()
+    assert exit_status.value.code == 0, out
+    return out.splitlines()
+
+
+def test_a_dry_run_says_a_damaged_shipped_file_is_damaged_and_will_be_built(hd_shipped, capsys, no_generation):
+    answers_line = next(line for line in dry_run(capsys) if "greedy answers" in line)
+    assert f": {SHIPPED_STATE}  [" in answers_line
+    hd_shipped.write_bytes(hd_shipped.read_bytes()[:-9])  # cut short
+    lines = dry_run(capsys)
+    answers_line = next(line for line in lines if "greedy answers" in line)
+    assert f": the copy shipped with specbench is damaged ({hd_shipped}: " in answers_line
+    assert "): to build, about " in answers_line and SHIPPED_STATE not in answers_line
+    assert lines[-1].startswith("  3 to build, ")  # the answers now among what is built, with the two databases
+
+
+# ---- a damaged cached copy of shipped answers ------------------------------------------------------------------
+
+
+@pytest.fixture
+def installed(tiny, tmp_path, monkeypatch):
+    """Shipped answers of tiny-random to PROMPTS (4 tokens), installed into a fresh cache by a lookup; returns
+    (the answers, the cached directory)."""
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "generating-cache"))
+    write_shipped_answers(tiny, PROMPTS, 4, folder, {"machine": "test machine"}, "test answers")
+    monkeypatch.setattr(answers_module, "SHIPPED_ANSWERS_DIR", folder)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    pairs = target_answers(tiny, PROMPTS, 4)
+    return pairs, answers_directory(tiny, PROMPTS, 4)
+
+
+CACHED_DAMAGE = {
+    "answers cut short": ("answers.jsonl", lambda data: data[:-7]),
+    "answers of noise": ("answers.jsonl", lambda data: bytes(range(256))),
+    "answers emptied": ("answers.jsonl", lambda data: b""),
+    "manifest emptied": ("manifest.json", lambda data: b""),
+    "manifest of another shape": ("manifest.json", lambda data: b"[]"),
+}
+
+
+@pytest.mark.parametrize("damage", CACHED_DAMAGE)
+def test_a_damaged_cached_copy_is_reinstalled_from_the_shipped_one(tiny, installed, no_generation, caplog, damage):
+    pairs, directory = installed
+    name, change = CACHED_DAMAGE[damage]
+    file = directory / name
+    file.write_bytes(change(file.read_bytes()))
+    planned = planned_answers(tiny, PROMPTS, 4)
+    assert planned.state().startswith("the cached copy is damaged (") and not planned.needs_build()
+    assert planned.state().endswith("reinstalled from the copy shipped with specbench, in a second")
+    with caplog.at_level(logging.INFO):
+        assert target_answers(tiny, PROMPTS, 4) == pairs  # generate_answers raises: installed, not generated
+    assert any(record.getMessage().startswith("using the answers shipped with specbench for tiny-random")
+               for record in caplog.records)
+    assert planned_answers(tiny, PROMPTS, 4).state() == "cached"
+
+
+def test_a_damaged_cached_copy_without_a_shipped_one_is_planned_for_a_build(tiny, installed, monkeypatch, tmp_path):
+    _, directory = installed
+    monkeypatch.setattr(answers_module, "SHIPPED_ANSWERS_DIR", tmp_path / "nothing-shipped")
+    (directory / "answers.jsonl").write_bytes(b"")
+    planned = planned_answers(tiny, PROMPTS, 4)
+    assert planned.needs_build() and planned.state().startswith("the cached copy is damaged (")
+    assert "): to build, about " in planned.state()
