@@ -1,0 +1,34 @@
+"""The drafters' guards that no other test reaches: each case here fails when its guard is removed (checked by
+removing it). A guard that changes nothing when removed (a fast path whose result the general code gives anyway)
+needs no case; docs/development.md's code map names the drafters."""
+
+import numpy as np
+
+from specbench.datastores.suffix_array import TokenDatastore
+from specbench.drafters.hd import generated_ngrams, statistics_candidates
+from specbench.drafters.recycling import recycle
+
+
+def test_recycling_learns_from_fewer_top_k_columns_than_its_matrix_has():
+    # A vocabulary smaller than top_k gives the target's top-k fewer columns than the matrix: those columns are
+    # written, the rest of each row keeps what it held (recycle's k = min(...)).
+    successors = np.full((5, 8), 9, dtype=np.int64)
+    recycle(successors, np.array([1, 2]), np.array([[4, 3, 2, 1, 0], [0, 1, 2, 3, 4]]))
+    assert successors[1].tolist() == [4, 3, 2, 1, 0, 9, 9, 9]
+    assert successors[2].tolist() == [0, 1, 2, 3, 4, 9, 9, 9]
+    assert successors[[0, 3, 4]].tolist() == [[9] * 8] * 3
+
+
+def test_hd_searches_no_longer_key_than_the_context_holds():
+    # A one-token context with key_tokens=2: one search, with that token. Searching "2 tokens" would query the
+    # same single token but read its continuations from 2 positions on, a token too late: (2, 3) beside (1, 2, 3).
+    store = TokenDatastore.build([[7, 1, 2, 3]], {})
+    assert statistics_candidates(store, np.array([7]), key_tokens=2, draft_length=4, limit=7, choices=64,
+                                 max_matches=5000, continuation_length=10) == [(1, 2, 3)]
+
+
+def test_hd_adds_no_ngram_that_would_start_before_the_context():
+    # Three tokens, n-grams of 3 ending 1 and 2 tokens before the end: both would start before the first token,
+    # and slicing from a negative index would add empty n-grams instead.
+    assert generated_ngrams(np.array([1, 2, 3]), 3, 3) == []
+    assert generated_ngrams(np.array([1, 2, 3, 4]), 3, 3) == [(1, 2, 3)]
