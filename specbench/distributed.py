@@ -8,9 +8,13 @@ write nothing the user sees.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 
@@ -51,6 +55,41 @@ class Processes:
         # Decisions are Python objects: a gloo group carries them whatever the tensors' backend is.
         group = distributed.new_group(backend="gloo")
         return Processes(rank=distributed.get_rank(), world_size=distributed.get_world_size(), _group=group)
+
+    def run(self, function, *args):
+        """``function(*args)``, and under torchrun a failure of one process reaching the others as one line. The
+        process that fails records its error where torchrun keeps its error file (TORCHELASTIC_ERROR_FILE, which
+        torchrun's own summary then shows) and fails as it would alone; the others, whose collectives fail once it
+        is gone (or whom torchrun stops), raise ``rank R failed: <its first line>; see its output`` in place of
+        the collective library's traceback."""
+        if self.world_size == 1:
+            return function(*args)
+        stopped = _stop_with_an_exception()
+        try:
+            return function(*args)
+        except BaseException as error:
+            if not _from_a_peer(error):
+                _record(error)
+                raise
+            raise SpecbenchError(self._peer_failure(error)) from None
+        finally:
+            if stopped is not None:
+                signal.signal(signal.SIGTERM, stopped)
+
+    def _peer_failure(self, error: BaseException) -> str:
+        """The one line for a collective that failed because another process is gone: that process's first
+        line where it left one (polled briefly: it writes before it exits), else what this process saw."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            for rank, line in _recorded_failures():
+                if rank != self.rank:
+                    return f"rank {rank} of {self.world_size} failed: {line}; see its output"
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        seen = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        return (f"another process of this {self.world_size}-process job stopped ({seen}); see the other processes' "
+                "output")
 
     def share(self, value):
         """Rank 0's ``value``, on every rank (``value`` itself with one process)."""
@@ -107,3 +146,79 @@ def hide_cuda() -> None:
         raise SpecbenchError("run.device=cpu under torchrun, but torch counted this machine's GPUs before specbench "
                              "could hide them (transformers would bind each process to one); start the job as "
                              "`CUDA_VISIBLE_DEVICES= torchrun ...`")
+
+
+class JobStopped(SpecbenchError):
+    """torchrun stopped this process (SIGTERM), as it does to the others once one process of the job fails."""
+
+
+def _stop_with_an_exception():
+    """SIGTERM raises JobStopped from here on (the previous handler is returned): a process that torchrun stops
+    because another one failed says which, instead of vanishing without a word."""
+    def stop(signum, frame):
+        raise JobStopped("torchrun stopped this process")
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: signals stay as they are
+        return None
+
+
+# Words of gloo's and NCCL's messages for a peer that went away, a connection lost or a collective that timed out.
+_PEER_GONE = ("connection closed", "connection reset", "broken pipe", "connection refused", "timed out", "gloo",
+              "nccl", "remote process exited", "watchdog")
+
+
+def _from_a_peer(error: BaseException) -> bool:
+    """Whether ``error`` is what a collective raises once another process is gone (or torchrun stopped this one),
+    rather than this process's own failure."""
+    if isinstance(error, JobStopped):
+        return True
+    distributed_error = getattr(torch.distributed, "DistError", None)  # torch's family of collective errors
+    if distributed_error is not None and isinstance(error, distributed_error):
+        return True
+    return isinstance(error, RuntimeError) and any(word in str(error).lower() for word in _PEER_GONE)
+
+
+def _error_folder() -> Path | None:
+    """The folder of this attempt's per-rank error files, as torchrun lays it out ("<attempt>/<rank>/error.json"),
+    or None outside torchrun."""
+    file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    return Path(file).parent.parent if file else None
+
+
+def _record(error: BaseException) -> None:
+    """This process's failure, in the error file torchrun gave it, in torchrun's own format (its summary reads
+    it); nothing outside torchrun."""
+    file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not file:
+        return
+    import traceback
+
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    if isinstance(error, KeyboardInterrupt):
+        message = "interrupted"
+    else:
+        message = first if isinstance(error, SpecbenchError) else f"{type(error).__name__}: {first}"
+    try:
+        Path(file).parent.mkdir(parents=True, exist_ok=True)
+        Path(file).write_text(json.dumps({"message": {"message": message, "extraInfo": {
+            "py_callstack": "".join(traceback.format_exception(error)), "timestamp": str(int(time.time()))}}}))
+    except OSError:
+        pass  # the failure itself is what matters; the others then say less
+
+
+def _recorded_failures() -> list[tuple[int, str]]:
+    """(rank, first line) of every process of this attempt that recorded a failure."""
+    folder = _error_folder()
+    found = []
+    if folder is None or not folder.is_dir():
+        return found
+    for file in sorted(folder.glob("*/error.json")):
+        try:
+            rank = int(file.parent.name)
+            message = json.loads(file.read_text())["message"]["message"]
+        except Exception:  # noqa: BLE001 - half-written or foreign: not a failure this process can name
+            continue
+        found.append((rank, str(message).strip().splitlines()[0] if str(message).strip() else "an error"))
+    return found

@@ -338,11 +338,12 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
     if processes.world_size > 1 and settings.draft_budget == "auto":
         raise SpecbenchError("run.draft_budget=auto decides every step from that process's own clock, so the "
                              "processes of a tensor-parallel run would verify different drafts; use run.draft_budget=off")
+    # processes.run: a process that fails reaches the others as one line, not as their collectives' tracebacks.
     if not processes.primary:
         logging.getLogger("specbench").setLevel(logging.ERROR)  # rank 0 speaks for the run
         with tempfile.TemporaryDirectory(prefix=f"specbench-rank{processes.rank}-") as scratch:
-            return _run(cfg, settings, questions, scratch, None, processes)
-    return _run(cfg, settings, questions, output_dir, on_open, processes)
+            return processes.run(_run, cfg, settings, questions, scratch, None, processes)
+    return processes.run(_run, cfg, settings, questions, output_dir, on_open, processes)
 
 
 def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output_dir: str, on_open,

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,13 +31,30 @@ RUN = ["model=tiny-random", "task.tasks=[rag]", "task.limit_per_task=1", "run.ma
        "run.warmup_runs=0"]
 
 
+# --standalone: a rendezvous on a free port chosen at run time, not torchrun's fixed 29500, which another job on the
+# machine (another test run, a user's torchrun) may hold.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+
+
+# The processes run on the CPU (gloo) on any machine: with CUDA visible, transformers binds each to the GPU of its
+# LOCAL_RANK, which a one-GPU machine does not have for the second.
+CPU_ONLY = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def own_tmpdir(folder: Path) -> dict:
+    """TMPDIR of ``folder``'s own (``folder``-tmp), so that what the processes leave in it is theirs alone: the
+    shared temporary folder holds other jobs' files."""
+    tmp = folder.with_name(f"{folder.name}-tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {"TMPDIR": str(tmp)}
+
+
 def sweep(sweep_dir: Path, extra: list[str], processes: int, drafters: list[str]) -> subprocess.CompletedProcess:
     """The ``drafters`` configs into ``sweep_dir``, in up to two sweeps: HD's with the tests' small model database
     (SMALL_MODEL_DB, keys the other configs do not have; ``++`` since Hydra first composes the sweep with the
     default drafter), then the others."""
-    launcher = [sys.executable, "-m", "specbench"] if processes == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), "-m", "specbench"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "specbench"] if processes == 1 else [*TORCHRUN, str(processes), "-m", "specbench"]
+    env = {**os.environ, **CPU_ONLY, **own_tmpdir(sweep_dir)}
     with_db = [name for name in drafters if name in MODEL_DB_DRAFTERS]
     others = [name for name in drafters if name not in MODEL_DB_DRAFTERS]
     for names, overrides in ((with_db, [f"++{override}" for override in SMALL_MODEL_DB]), (others, [])):
@@ -44,6 +63,8 @@ def sweep(sweep_dir: Path, extra: list[str], processes: int, drafters: list[str]
         command = [*launcher, "-m", f"drafter={','.join(names)}", *RUN, *overrides, *extra,
                    f"hydra.sweep.dir={sweep_dir}"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+        with open(sweep_dir.with_name(f"{sweep_dir.name}.log"), "a") as log:  # what the processes said (logs: stdout)
+            log.write(result.stdout + result.stderr)
         if result.returncode != 0:
             break
     return result
@@ -73,7 +94,13 @@ def run_placements(root: Path, drafters: list[str]):
 @pytest.fixture(scope="module")
 def placements(tmp_path_factory):
     root = tmp_path_factory.mktemp("tensor-parallel")
-    yield run_placements(root, DEFAULT_DRAFTERS)
+    # Scratch another job left in the shared temporary folder, as a concurrent or killed run leaves it: the test
+    # must look only at what its own processes left.
+    other_job = tempfile.mkdtemp(prefix="specbench-rank1-")
+    try:
+        yield run_placements(root, DEFAULT_DRAFTERS)
+    finally:
+        shutil.rmtree(other_job, ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -105,7 +132,78 @@ def test_rank_zero_alone_writes_and_records_the_placement(placements):
     # The weights' fingerprint gathers the shards: the same model as one process with the same kernels.
     one = json.loads(sorted((root / "one").glob("*/run.json"))[0].read_text())
     assert settings["weights_fingerprint"] == one["weights_fingerprint"]
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("specbench-rank1-*"))  # the scratch is gone
+    assert (root / "two-tmp").is_dir() and not list((root / "two-tmp").glob("specbench-rank1-*"))  # scratch gone
+
+
+# What transformers' Llama plan does to tiny-random (conf/model/tiny-random.yaml: hidden 64, intermediate 128, 4
+# heads of 16, 2 key/value heads, 258 tokens) over 2 processes, restated by hand: column-wise layers split their
+# output dimension (0), row-wise ones their input (1), the embeddings their vocabulary.
+EXPECTED_SHARDS = {
+    "model.embed_tokens.weight": ([258, 64], [129, 64]),
+    "model.layers.0.self_attn.q_proj.weight": ([64, 64], [32, 64]),
+    "model.layers.0.self_attn.k_proj.weight": ([32, 64], [16, 64]),
+    "model.layers.0.self_attn.v_proj.weight": ([32, 64], [16, 64]),
+    "model.layers.0.self_attn.o_proj.weight": ([64, 64], [64, 32]),
+    "model.layers.0.mlp.gate_proj.weight": ([128, 64], [64, 64]),
+    "model.layers.0.mlp.up_proj.weight": ([128, 64], [64, 64]),
+    "model.layers.0.mlp.down_proj.weight": ([64, 128], [64, 64]),
+}
+
+
+def test_each_process_holds_a_shard_of_the_expected_shape(placements):
+    """Equal outputs would hold for two whole copies too: each process must hold half of every sharded weight."""
+    _, _, root = placements
+    marker = "tensor-parallel shards: "
+    reports = [line.split(marker, 1)[1] for line in (root / "two.log").read_text().splitlines() if marker in line]
+    assert len(reports) == len(DEFAULT_DRAFTERS)  # one per run of the sweep, each from rank 0 for every rank
+    for report in reports:
+        shards = json.loads(report)
+        for name, (full, local) in EXPECTED_SHARDS.items():
+            assert shards[name] == {"full": full, "local": [local, local]}, name
+        for name, shard in shards.items():  # and whatever else is sharded: 1/2 of one dimension on each rank
+            for shape in shard["local"]:
+                split = [dim for dim, (whole, part) in enumerate(zip(shard["full"], shape)) if whole != part]
+                assert len(split) == 1 and shape[split[0]] * 2 == shard["full"][split[0]], (name, shard)
+
+
+# One process fails (a user error on rank 1 alone) while rank 0 waits for it in a collective.
+RANK_FAILS = """
+import sys
+import torch
+from specbench.distributed import Processes
+from specbench.errors import SpecbenchError
+
+processes = Processes.from_environment("auto", "cpu")
+
+
+def work():
+    if processes.rank == 1:
+        raise SpecbenchError("question 7 does not fit the context")
+    torch.distributed.barrier()  # rank 1 never comes
+    return "finished"
+
+
+try:
+    print(processes.run(work))
+except SpecbenchError as error:
+    print(f"specbench: error: {error}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def test_a_process_that_fails_gives_the_others_one_line(tmp_path):
+    script = tmp_path / "rank_fails.py"
+    script.write_text(RANK_FAILS)
+    result = subprocess.run([*TORCHRUN, "2", str(script)], capture_output=True, text=True, timeout=300,
+                            cwd=Path(__file__).resolve().parents[1],
+                            env={**os.environ, **CPU_ONLY, **own_tmpdir(tmp_path / "job"),
+                                 "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode != 0 and "finished" not in result.stdout
+    lines = result.stderr.splitlines()
+    assert "specbench: error: question 7 does not fit the context" in lines  # rank 1, as alone
+    assert "specbench: error: rank 1 of 2 failed: question 7 does not fit the context; see its output" in lines
+    # and nothing of gloo's: no traceback from rank 0's collective
+    assert not [line for line in lines if "gloo" in line.lower() or "barrier" in line]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -128,8 +226,158 @@ def test_placements_that_cannot_run_are_one_line(overrides, message):
     (["model.tp_plan=auto", "run.draft_budget=auto"], "run.draft_budget=auto decides every step"),
 ])
 def test_what_processes_cannot_share_is_refused_under_torchrun(tmp_path, overrides, message):
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "specbench",
-                             "model=tiny-random", *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
-                            capture_output=True, text=True, timeout=300)
+    # With torchrun's default port held (as another job on the machine may hold it): the launch must not need it.
+    with socket.socket() as default_port:
+        try:
+            default_port.bind(("127.0.0.1", 29500))
+            default_port.listen()
+        except OSError:
+            pass  # another job holds it already: the same case
+        result = subprocess.run([*TORCHRUN, "2", "-m", "specbench",
+                                 "model=tiny-random", *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
+                                capture_output=True, text=True, timeout=300,
+                                env={**os.environ, **CPU_ONLY, **own_tmpdir(tmp_path / "run")})
     assert result.returncode != 0 and message in result.stderr
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+class FakeCollectives:
+    """torch.distributed as a torchrun process sees it before its group starts, recording what it is asked."""
+
+    def __init__(self, monkeypatch, world_size: int = 2, rank: int = 1):
+        import torch
+
+        self.backend = self.device = None
+        for key, value in {"WORLD_SIZE": world_size, "RANK": rank, "LOCAL_RANK": rank}.items():
+            monkeypatch.setenv(key, str(value))
+        distributed = torch.distributed
+        monkeypatch.setattr(distributed, "is_initialized", lambda: self.backend is not None)
+        monkeypatch.setattr(distributed, "init_process_group", self.init)
+        monkeypatch.setattr(distributed, "new_group", lambda backend: f"group({backend})")
+        monkeypatch.setattr(distributed, "get_rank", lambda: rank)
+        monkeypatch.setattr(distributed, "get_world_size", lambda: world_size)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda device: setattr(self, "device", device))
+
+    def init(self, backend, rank, world_size, timeout):
+        self.backend = backend
+
+
+def pretend_gpus(monkeypatch, count: int, counted_already: bool = False):
+    """torch as on a machine with ``count`` GPUs: it sees them unless CUDA_VISIBLE_DEVICES hid them before torch
+    counted them (``counted_already``: something counted them first)."""
+    import torch
+
+    def visible() -> int:
+        return count if counted_already or os.environ.get("CUDA_VISIBLE_DEVICES") != "" else 0
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: visible() > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", visible)
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda" if visible() else "cpu"))
+
+
+def test_a_cpu_job_on_a_gpu_machine_uses_gloo_with_cuda_hidden(monkeypatch):
+    from specbench.distributed import Processes
+
+    pretend_gpus(monkeypatch, 1)
+    fake = FakeCollectives(monkeypatch)
+    processes = Processes.from_environment("auto", "cpu")
+    assert (fake.backend, fake.device, processes.rank, processes.world_size) == ("gloo", None, 1, 2)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # transformers sees no accelerator to bind rank 1 to
+
+
+def test_a_gpu_job_uses_nccl_one_gpu_per_process_and_refuses_more_processes_than_gpus(monkeypatch):
+    from specbench.distributed import Processes
+    from specbench.errors import SpecbenchError
+
+    pretend_gpus(monkeypatch, 2)
+    fake = FakeCollectives(monkeypatch)
+    Processes.from_environment("auto", "auto")
+    assert (fake.backend, fake.device) == ("nccl", 1)
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") is None
+
+    pretend_gpus(monkeypatch, 1)
+    fake = FakeCollectives(monkeypatch)
+    with pytest.raises(SpecbenchError, match=r"2 processes, one per GPU, but torch sees 1 GPU\(s\)") as refused:
+        Processes.from_environment("auto", "cuda")
+    assert fake.backend is None and "\n" not in str(refused.value)
+
+
+def test_a_cpu_job_whose_gpus_were_counted_already_is_one_line(monkeypatch):
+    from specbench.distributed import Processes
+    from specbench.errors import SpecbenchError
+
+    pretend_gpus(monkeypatch, 1, counted_already=True)
+    fake = FakeCollectives(monkeypatch)
+    with pytest.raises(SpecbenchError, match="CUDA_VISIBLE_DEVICES= torchrun") as refused:
+        Processes.from_environment("auto", "cpu")
+    assert fake.backend is None and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("device_map,named", [
+    ({"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "lm_head": "disk"},
+     "model.layers.1 (cpu), lm_head (disk)"),
+    ({"model": "cuda:0", "lm_head": "cpu"}, "lm_head (cpu)"),
+    ({"": "disk"}, "(the whole model) (disk)"),
+])
+def test_a_device_map_that_offloads_is_refused_naming_the_modules(device_map, named):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from specbench.errors import SpecbenchError
+    from specbench.models.placement import check_loaded_placement, choose_placement
+
+    for given in (device_map, OmegaConf.create(device_map)):  # as written in a config, or as Python gives it
+        with pytest.raises(SpecbenchError, match="offloads") as refused:
+            choose_placement("tiny-random", None, given, __import__("torch").device("cpu"))
+        assert named in str(refused.value) and "\n" not in str(refused.value)
+    # accelerate's own choice (device_map=auto on GPUs too small), read from the loaded model
+    with pytest.raises(SpecbenchError, match="accelerate's placement") as refused:
+        check_loaded_placement(SimpleNamespace(hf_device_map=device_map))
+    assert named in str(refused.value)
+
+
+def test_a_device_map_on_gpus_alone_or_on_the_cpu_alone_is_no_offload():
+    from types import SimpleNamespace
+
+    from specbench.models.placement import check_loaded_placement
+
+    for placed in ({"": "cpu"}, {"model.layers.0": 0, "model.layers.1": 1, "lm_head": "cuda:1"}, {}):
+        check_loaded_placement(SimpleNamespace(hf_device_map=placed))
+
+
+@pytest.mark.parametrize("processes,overrides,named,fits", [
+    (3, [], "num_attention_heads=4, num_key_value_heads=2", "run 2 processes"),
+    (2, ["model.alphabet=abc"], "vocab_size=5", "no common divisor above 1"),
+])
+def test_shapes_the_processes_cannot_split_are_refused_before_loading(monkeypatch, processes, overrides, named, fits):
+    from transformers import AutoModelForCausalLM
+
+    from specbench.errors import SpecbenchError
+    from specbench.runner import build
+
+    monkeypatch.setenv("WORLD_SIZE", str(processes))  # as torchrun sets it; nothing here joins a process group
+    loads = []
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *args, **kwargs: loads.append(args))
+    with pytest.raises(SpecbenchError, match=f"over {processes} processes cannot split its {named}: .*{fits}") as refused:
+        build(compose(["model=tiny-random", "model.tp_plan=auto", *overrides]).model, device="cpu")
+    assert "\n" not in str(refused.value) and not loads  # refused before any weights were loaded
+
+
+def test_a_checkpoint_the_processes_cannot_split_is_refused_from_its_config(monkeypatch, tmp_path):
+    """A checkpoint directory: its config is read and refused before any weights load (here there are none)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from specbench.errors import SpecbenchError
+    from specbench.models.hub import load_pretrained
+
+    LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=32001).save_pretrained(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loads = []
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *args, **kwargs: object())
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *args, **kwargs: loads.append(args))
+    with pytest.raises(SpecbenchError, match=r"model 'odd-vocab': .* 2 processes cannot split its vocab_size=32001:"):
+        load_pretrained("odd-vocab", path=str(tmp_path), device="cpu", dtype="float32", prompt_format="plain",
+                        tp_plan="auto")
+    assert not loads

@@ -168,7 +168,7 @@ def load_gguf(
     The first load dequantizes the GGUF weights, which takes tens of seconds; the result is saved as a
     regular checkpoint in the cache, and later loads read that copy in well under a second.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     file = cache_root(cache_dir) / gguf_path[len("cache:"):] if gguf_path.startswith("cache:") else Path(gguf_path).expanduser()
     if not file.is_file():
@@ -192,6 +192,8 @@ def load_gguf(
         announce_build(planned_conversion(file, converted, torch_dtype, f"python -m specbench.prepare --model {name}"))
         convert_gguf(file, converted, torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(converted, local_files_only=True)
+    if placement.kind == "tensor_parallel":  # shapes the processes cannot split, refused before the weights load
+        placement.check_shapes(AutoConfig.from_pretrained(converted, local_files_only=True))
     model = AutoModelForCausalLM.from_pretrained(
         converted, dtype=torch_dtype, local_files_only=True, attn_implementation="sdpa", **placement.load_kwargs
     )

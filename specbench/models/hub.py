@@ -59,7 +59,9 @@ def load_pretrained(
         kwargs = dict(revision=revision, local_files_only=local_only)
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         # dtype auto follows the checkpoint's own precision on a GPU (bfloat16 models overflow float16).
-        saved_in = checkpoint_dtype(AutoConfig.from_pretrained(source, **kwargs))
+        config = AutoConfig.from_pretrained(source, **kwargs)
+        placement.check_shapes(config)  # shapes the processes cannot split, refused before the weights load
+        saved_in = checkpoint_dtype(config)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(dtype, torch_device, saved_in),
                                                      attn_implementation="sdpa", **kwargs, **placement.load_kwargs)
         return tokenizer, model
@@ -67,6 +69,8 @@ def load_pretrained(
     try:
         tokenizer, model = load(local_only=True)
     except Exception as error:  # from a directory the user named, any failure to load is the directory's
+        if isinstance(error, SpecbenchError):  # a refusal of what was read (Placement.check_shapes) stands as it is
+            raise
         if path:
             missing = _missing_checkpoint_parts(Path(source))
             if missing:  # the loaders' own message is about a tokenizer they could not build, not about the files
@@ -84,6 +88,8 @@ def load_pretrained(
         try:
             tokenizer, model = load(local_only=False)
         except Exception as download_error:  # any network or hub failure means the same to the user
+            if isinstance(download_error, SpecbenchError):
+                raise
             refusal = write_refusal(download_error)  # but a full or read-only Hugging Face cache is not offline
             if refusal is not None:
                 raise refusal from download_error

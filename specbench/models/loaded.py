@@ -145,6 +145,14 @@ def finish_loading(name, model, tokenizer, prompt_format, system_message, device
     """The last steps of every loader: move the model to ``device`` in eval mode (unless ``placement`` says
     accelerate or tensor parallelism placed it already), choose its linear kernels, and wrap it with its prompt
     format (``chat_template_kwargs``: the chat template's keywords), EOS ids and context length."""
+    if placement == "device_map":
+        from specbench.models.placement import check_loaded_placement
+
+        check_loaded_placement(model)  # accelerate's own choice (auto, balanced): nothing offloaded is timed
+    elif placement == "tensor_parallel":
+        from specbench.models.placement import report_shards
+
+        report_shards(model)
     if placement == "single":
         model.to(device)
     elif linear_backend == "onednn":
