@@ -168,23 +168,47 @@ def test_a_damaged_drafter_state_is_one_line(tmp_path, kind):
     one_line(run.drafter_state, match=f"{run.drafter_state_file} is damaged")
 
 
+@pytest.fixture(scope="module")
+def stateful_drafters(tiny):
+    """Each drafter that carries state across questions, prepared for the tiny target (built directly: composing
+    each config costs a second)."""
+    from specbench.drafters.hybrid import HybridDrafter
+    from specbench.drafters.recycling import TokenRecycling
+    from specbench.drafters.samd import SuffixAutomatonDrafter
+    from specbench.drafters.suffix import SuffixDecoding
+
+    drafters = {"recycling": TokenRecycling(), "samd": SuffixAutomatonDrafter(corpus=None),
+                "suffix": SuffixDecoding(), "hybrid": HybridDrafter(recycling_context=2)}
+    for drafter in drafters.values():
+        drafter.prepare(tiny)
+        assert drafter.state() is not None
+    return drafters
+
+
 @pytest.mark.parametrize("arrays", [{"other": np.zeros(3)}, {"successors": np.zeros(3)},
                                     {"successors": np.array(["a", "b"])}],
                          ids=["a missing array", "an array of another shape", "an array of text"])
 @pytest.mark.parametrize("name", ["recycling", "samd", "suffix", "hybrid"])
-def test_a_drafter_state_of_other_arrays_is_one_line(tiny, tmp_path, name, arrays):
+def test_a_drafter_state_of_other_arrays_is_one_line(stateful_drafters, tmp_path, name, arrays):
     """A whole .npz that numpy reads, holding arrays the drafter cannot take back: damaged all the same."""
-    from hydra.utils import instantiate
-
-    from specbench.config import compose
     from specbench.records import RunDirectory
     from specbench.runner import _restore_drafter_state
 
-    overrides = {"samd": ["drafter.corpus=null"], "hybrid": ["drafter.recycling_context=2"]}.get(name, [])
-    drafter = instantiate(compose([f"drafter={name}", *overrides]).drafter)
-    drafter.prepare(tiny)
     run = RunDirectory(tmp_path / "run", with_baseline=False)
-    one_line(_restore_drafter_state, drafter, run, {"1"}, (arrays, {"1"}), match="drafter_state.npz is damaged")
+    one_line(_restore_drafter_state, stateful_drafters[name], run, {"1"}, (arrays, {"1"}),
+             match="drafter_state.npz is damaged")
+
+
+def test_a_hybrid_state_before_any_pair_is_saved_and_taken_back(tiny):
+    """Saved after a first question that verified nothing (skipped, or no step): an empty table of pairs."""
+    from specbench.drafters.hybrid import HybridDrafter
+
+    drafter = HybridDrafter(recycling_context=2)
+    drafter.prepare(tiny)
+    state = drafter.state()
+    assert state["pair_keys"].shape == (0, 2) and state["pair_rows"].shape == (0, drafter.recycling.top_k)
+    drafter.restore(state)
+    assert drafter.pairs == {}
 
 
 @pytest.mark.parametrize("kind", KINDS)

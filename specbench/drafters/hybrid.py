@@ -201,7 +201,8 @@ class HybridDrafter(FollowsContext, Drafter):
         state = dict(self.recycling.state())
         if self.recycling_context == 2:
             keys = np.array(list(self.pairs), dtype=np.int64).reshape(-1, 2)
-            rows = np.array(list(self.pairs.values()), dtype=np.int64).reshape(len(keys), -1)
+            # no pairs yet (before the first verified step): an empty table, not a reshape of nothing to (0, -1)
+            rows = np.array(list(self.pairs.values()), dtype=np.int64).reshape(len(keys), self.recycling.top_k)
             state.update(pair_keys=keys, pair_rows=rows)
         return state
 
