@@ -136,6 +136,22 @@ COMPARE_SHOWN = {"label": "method", "table": "published table", "method": "publi
                  "same_hardware": "same hardware"}
 
 
+def table_differences(rows: pd.DataFrame) -> str:
+    """One published table's line under the comparison, from all its rows (``compare_table``'s, of one table):
+    what differs for every method measured against it (model, hardware, dtype, questions) said once, then what
+    differs for some methods only (a run's hardware, a configuration, a changed drafter setting), named with the
+    method. A tuned method's own difference ("method: ...") is its label, not repeated."""
+    parts = {label: [part for part in str(differs).split("; ") if part and not part.startswith("method:")]
+             for label, differs in zip(rows.label, rows.differs)}
+    common = [part for part in next(iter(parts.values())) if all(part in mine for mine in parts.values())]
+    own = {label: [part for part in mine if part not in common] for label, mine in parts.items()}
+    row = rows.iloc[0]
+    text = f"{row.table} = {row.source}: {row.reference} ({row.published_hardware}, {row.published_model})"
+    text += f". Differs: {'; '.join(common)}." if common else "."
+    text += "".join(f" Differs for {label} also: {'; '.join(mine)}." for label, mine in own.items() if mine)
+    return text
+
+
 def compare_section(questions: pd.DataFrame, published: pd.DataFrame, scratch: Path) -> str:
     """Overall MAT and speedup beside Spec-Bench's leaderboard (``analysis.compare``), the published tables it
     refers to, the settings that differ, and the figure of measured against published MAT."""
@@ -147,14 +163,7 @@ def compare_section(questions: pd.DataFrame, published: pd.DataFrame, scratch: P
     shown = overall[list(COMPARE_SHOWN)].copy()
     for column in ("speedup", "speedup_published"):
         shown[column] = shown[column].map(lambda value: number_text(value, "x"))  # compare's own printout format
-    # What differs from each published table (model, hardware, dtype, questions) is the same for every method
-    # measured against it, so it is said once per table; a tuned method's own difference is its label.
-    lines = []
-    for number, rows in overall.groupby("table", sort=False):
-        row = rows.iloc[0]
-        differs = "; ".join(part for part in str(row.differs).split("; ") if part and not part.startswith("method:"))
-        lines.append(f"{number} = {row.source}: {row.reference} ({row.published_hardware}, {row.published_model})"
-                     + (f". Differs: {differs}." if differs else "."))
+    lines = [table_differences(rows) for _, rows in overall.groupby("table", sort=False)]
     parts = ["<h2>Measured beside published</h2>",
              f"<p class='note'>{html.escape(AGREEMENT.replace('rows with hw DIFF (or ?)', 'rows whose same hardware is no (or a dash)'))} "
              "Overall figures; per task: <code>python -m analysis compare RUNS</code>.</p>",
