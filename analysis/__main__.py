@@ -39,6 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the second of importing pandas and matplotlib too.
@@ -290,4 +291,4 @@ def print_compare(questions: pd.DataFrame, published: pd.DataFrame, figure: str 
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("analysis", main))

@@ -20,6 +20,7 @@ import argparse
 import time
 from collections import defaultdict
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
@@ -141,4 +142,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("bench_vs_transformers", main))

@@ -19,6 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
@@ -65,4 +66,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("build_model_db", main))

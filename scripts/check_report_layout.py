@@ -24,6 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specbench.errors import reporting_user_errors  # noqa: E402
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 MEASURED_ID = "layout-measurements"
 # Runs after layout; writes one JSON object into a <pre>, which --dump-dom then prints with the rest of the page.
@@ -124,4 +127,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(reporting_user_errors("check_report_layout", main)())

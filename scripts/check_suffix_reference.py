@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specbench.artefacts import cache_root  # noqa: E402
+from specbench.errors import reporting_user_errors  # noqa: E402
 from specbench.decoding.contract import Draft, StepOutcome  # noqa: E402
 from specbench.drafters.suffix import SuffixDecoding, _children, match_ends, speculate  # noqa: E402
 
@@ -231,4 +232,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(reporting_user_errors("check_suffix_reference", main)())

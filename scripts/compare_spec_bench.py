@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
@@ -40,7 +41,7 @@ import pandas as pd  # noqa: E402  (after the interrupt handler, on purpose)
 from analysis.runs import (BASELINE_NEEDS, METHOD_NEEDS, check_answer_records, read_jsonl,  # noqa: E402
                            read_summary, record_task)
 from specbench import metrics  # noqa: E402
-from specbench.errors import SpecbenchError  # noqa: E402
+from specbench.errors import SpecbenchError, refusing_writes  # noqa: E402
 
 
 def retokenised_turn_tokens(tokenizer, record: dict) -> list[int]:
@@ -52,7 +53,7 @@ def retokenised_turn_tokens(tokenizer, record: dict) -> list[int]:
 def load_speed_module(checkout: Path):
     evaluation = checkout / "evaluation"
     if not (evaluation / "speed.py").is_file():
-        sys.exit(f"compare_spec_bench: error: {evaluation / 'speed.py'} not found; pass a Spec-Bench checkout")
+        raise SpecbenchError(f"{evaluation / 'speed.py'} not found; pass a Spec-Bench checkout")
     sys.path.insert(0, str(evaluation))
     return importlib.import_module("speed")
 
@@ -76,7 +77,9 @@ def read_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records), encoding="utf-8")
+    with refusing_writes(path):  # a full temporary folder: one line naming the file
+        path.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records),
+                        encoding="utf-8")
     return path
 
 
@@ -139,10 +142,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     speed_module = load_speed_module(args.spec_bench)
-    try:
-        statistics, tokens = compare(args.run_dir, speed_module, args.tokenizer)
-    except SpecbenchError as error:
-        sys.exit(f"compare_spec_bench: error: {error}")
+    statistics, tokens = compare(args.run_dir, speed_module, args.tokenizer)  # its errors: reporting_user_errors
     pd.set_option("display.width", 250)
     print(statistics.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
     print()
@@ -150,4 +150,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("compare_spec_bench", main))

@@ -20,6 +20,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
@@ -83,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("fetch_qwen_pair", main))

@@ -18,6 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
@@ -29,6 +30,7 @@ if __name__ == "__main__":
 
 from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
 
+from specbench.artefacts import require_writable  # noqa: E402
 from specbench.config import compose  # noqa: E402
 from specbench.drafters.draft_model import pruned_draft_directory  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
@@ -53,6 +55,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     layers = [int(i) for i in args.layers.split(",")] if "," in args.layers else int(args.layers)
     try:
+        if args.out:  # before minutes of distillation, not when the draft is saved
+            require_writable(args.out, hint="choose another --out")
         cfg = compose([f"model={args.model}", *args.overrides])
         target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
         spec = {"layers": layers, "selection": args.selection, "distill_tokens": args.distill_tokens,
@@ -69,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("prune_draft", main))

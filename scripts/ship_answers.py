@@ -18,6 +18,7 @@ import platform
 import sys
 from pathlib import Path
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 _interrupts = Interrupts("ship_answers: interrupted before it started",
@@ -31,6 +32,7 @@ from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import specbench  # noqa: E402
+from specbench.artefacts import require_writable  # noqa: E402
 from specbench.config import compose  # noqa: E402
 from specbench.datastores.build import model_db_prompt_set  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(SHIPPED_ANSWERS_DIR), help="where to write (default: the package data)")
     args = parser.parse_args()
     try:
+        require_writable(args.out, hint="choose another --out")  # before the answers' generation (minutes)
         cfg = compose([f"model={args.model}", "drafter=hd"])
         build = OmegaConf.to_container(cfg.drafter.model_db_build, resolve=True)
         prompts, _ = model_db_prompt_set(build)  # exactly the prompts drafter=hd answers
@@ -79,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("ship_answers", main))

@@ -21,6 +21,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.
@@ -126,4 +127,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("train_eagle", main))

@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from specbench.artefacts import os_error_of, unique_suffix, write_refusal  # noqa: E402
 from specbench.config import register_resolvers  # noqa: E402
-from specbench.errors import SpecbenchError, raise_refusal, storage_refusal  # noqa: E402
+from specbench.errors import (SpecbenchError, config_error_line, raise_refusal, storage_refusal,  # noqa: E402
+                              user_error_line)
 
 register_resolvers()  # the configs interpolate ${method:...} and ${initials:...}
 
@@ -115,7 +116,10 @@ def main(cfg: DictConfig) -> None:
         if follows_interrupt(error):  # cleanup that the interrupt cut short failed in turn: still the interrupt
             _report_interrupt(output_dir, opened)
         if not _print_refusal(error):
-            raise
+            line = user_error_line(error)  # a refusal a library reports in its own exception, raised while handling
+            if line is None:
+                raise
+            print(f"specbench: error: {line}", file=sys.stderr)
         sys.exit(USER_ERROR)
     finally:
         while _run_log_handlers:
@@ -161,9 +165,7 @@ def _run_main() -> None:
     except (HydraException, OmegaConfBaseException) as error:
         if _task_started:
             raise
-        cause = error.__cause__
-        detail = f"\n{cause}" if isinstance(cause, OmegaConfBaseException) and str(cause) not in str(error) else ""
-        print(f"specbench: error: {error}{detail}", file=sys.stderr)
+        print(f"specbench: error: {config_error_line(error)}", file=sys.stderr)  # one line, the choices in it
         sys.exit(USER_ERROR)
     except OSError as error:
         if _task_started:

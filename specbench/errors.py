@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
+
+USER_ERROR = 2  # the exit status of every error a user can cause, from every entry point and script
 
 
 class SpecbenchError(Exception):
@@ -27,6 +31,9 @@ _STORAGE_ERRNOS = {
     "EFBIG": ("the file is too large for the filesystem", "choose another filesystem"),
     "EMFILE": ("too many open files", "raise the open-file limit (ulimit -n)"),
     "ENAMETOOLONG": ("the path is too long", "choose a shorter path"),
+    # A cache or output path through a file (SPECBENCH_CACHE=/some/file): mkdir below it, or of it.
+    "ENOTDIR": ("a part of the path is a file, not a folder", "choose a folder"),
+    "EEXIST": ("a file is in the way", "remove it or choose another location"),
 }
 _LOCATIONS = "hydra.run.dir, hydra.sweep.dir, model.cache_dir or $SPECBENCH_CACHE"
 
@@ -73,3 +80,83 @@ def damage_reason(error: BaseException) -> str:
     text = getattr(error, "strerror", None) if isinstance(error, OSError) else None
     first = (text or str(error)).strip().splitlines()
     return first[0] if first else type(error).__name__
+
+
+# ---- one line for every error a user can cause, in every entry point ---------------------------------------------
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and those it was raised from or while handling: a library reports a refused write in its own
+    exception type, raised from (torch, safetensors) or while handling (torch's stream writer given a file) the
+    OSError of the write."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def config_error_line(error: BaseException) -> str | None:
+    """The one line of a config the composer refused (a group option or config file it cannot find, a key not in
+    the config, an override it cannot parse), with the valid choices where Hydra lists them; None for any other
+    error. Hydra and OmegaConf are looked up only if already imported (analysis never imports them)."""
+    hydra_errors, omegaconf_errors = sys.modules.get("hydra.errors"), sys.modules.get("omegaconf.errors")
+    if hydra_errors is not None and isinstance(error, hydra_errors.MissingConfigException):
+        missing = error.missing_cfg_file
+        if error.options and missing and "/" in missing:
+            group, name = missing.rsplit("/", 1)
+            return f"{group}={name}: no such config in conf/{group}/; choose one of {', '.join(error.options)}"
+    kinds = tuple(module.__dict__[name] for module, name in ((hydra_errors, "HydraException"),
+                                                            (omegaconf_errors, "OmegaConfBaseException"))
+                  if module is not None)
+    if not kinds or not isinstance(error, kinds):
+        return None
+    text = str(error).split("Config search path:")[0]
+    cause = error.__cause__
+    if omegaconf_errors is not None and isinstance(cause, omegaconf_errors.OmegaConfBaseException) \
+            and str(cause) not in text:
+        text += f" ({cause})"
+    return " ".join(text.split())
+
+
+def user_error_line(error: BaseException) -> str | None:
+    """The one line for ``error`` if the user's input or environment caused it: a SpecbenchError, a config the
+    composer refused, a write the filesystem refused wherever it was raised (a full disk inside torch's, numpy's
+    or pyarrow's save; a cache path through a file), naming the path where the error does; None for a bug, which
+    keeps its traceback."""
+    if isinstance(error, SpecbenchError):
+        return str(error)
+    line = config_error_line(error)
+    if line is not None:
+        return line
+    from specbench.artefacts import write_refusal  # not at import: artefacts imports this module
+
+    for link in _chain(error):
+        refusal = write_refusal(link)
+        if refusal is not None:
+            return str(refusal)
+    return None
+
+
+def reporting_user_errors(program: str, main: Callable) -> Callable:
+    """``main`` that ends with ``program: error: <one line>`` on stderr and exit status USER_ERROR for every error
+    ``user_error_line`` recognises, and lets any other exception (a bug, an interrupt) through. Every entry point
+    and script wraps its main in it (tests/test_errors.py lists them)::
+
+        sys.exit(interrupts.run(reporting_user_errors("build_datastore", main)))
+    """
+
+    @functools.wraps(main)
+    def reporting(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except Exception as error:
+            from specbench.interrupts import follows_interrupt
+
+            line = None if follows_interrupt(error) else user_error_line(error)
+            if line is None:
+                raise
+            print(f"{program}: error: {line}", file=sys.stderr)
+            sys.exit(USER_ERROR)
+
+    return reporting

@@ -21,6 +21,7 @@ import logging
 import sys
 from dataclasses import replace
 
+from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 USER_ERROR = 2
@@ -162,4 +163,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    _interrupts.run(main)
+    _interrupts.run(reporting_user_errors("prepare", main))

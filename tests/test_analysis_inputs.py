@@ -249,9 +249,12 @@ def test_compare_spec_bench_reads_cut_answer_files_and_names_a_foreign_summary(t
         compare.compare(run, SimpleNamespace(speed=speed), "tokenizer")
     (run / "summary.json").write_text("{")
     monkeypatch.setattr(compare, "load_speed_module", lambda checkout: SimpleNamespace(speed=speed))
-    with pytest.raises(SystemExit) as exit_info:
-        compare.main([str(run), "--spec-bench", str(tmp_path), "--tokenizer", "tokenizer"])
-    message = str(exit_info.value.code)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # main as the script runs it: one line, exit 2
+        compare.reporting_user_errors("compare_spec_bench", compare.main)(
+            [str(run), "--spec-bench", str(tmp_path), "--tokenizer", "tokenizer"])
+    message = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2
     assert message.startswith(f"compare_spec_bench: error: {run / 'summary.json'} is empty or damaged")
 
 

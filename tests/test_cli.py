@@ -134,10 +134,9 @@ def one_line_error(result):
 
 
 def test_unknown_choice_lists_the_valid_ones(tmp_path):
-    result = specbench("drafter=nope", f"hydra.run.dir={tmp_path}")
-    assert result.returncode != 0
-    assert "Could not find 'drafter/nope'" in result.stderr
-    assert "\tpld" in result.stderr and "\tar" in result.stderr
+    line = one_line_error(specbench("drafter=nope", f"hydra.run.dir={tmp_path}"))
+    assert line.startswith("specbench: error: drafter=nope: no such config in conf/drafter/; choose one of ar, ")
+    assert ", pld, " in line
 
 
 def test_missing_question_file(tmp_path):
