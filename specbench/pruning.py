@@ -257,9 +257,9 @@ def load_pruned_draft(directory: Path, dtype, rebuild: str, require_manifest: bo
     try:
         return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="sdpa",
                                                     local_files_only=True)
-    except (OSError, ValueError) as error:
-        reason = " ".join(str(error).split())  # transformers' messages may span lines
-        raise SpecbenchError(f"draft checkpoint {directory} does not load ({reason}); {rebuild}") from None
+    except Exception as error:  # transformers' OSError and ValueError, safetensors' SafetensorError, json's
+        reason = " ".join(str(error).split()) or type(error).__name__  # RecursionError, ...: messages may span lines
+        raise SpecbenchError(f"draft checkpoint {directory} does not load ({reason[:300]}); {rebuild}") from None
 
 
 def pruned_draft(target, directory: Path, settings: dict, given: bool, command: str | None = None) -> torch.nn.Module:

@@ -320,3 +320,26 @@ def test_a_damaged_conversion_record_is_a_damaged_copy(tmp_path, kind):
     (tmp_path / CHECKSUM_FILE).write_bytes(damage(kind, b'{"files": {"model.safetensors": {"bytes": 1}}}'))
     problem = converted_copy_problem(tmp_path)
     assert problem is not None and problem != "missing" and "\n" not in problem
+
+
+@pytest.fixture(scope="module")
+def pruned_draft(tiny, tmp_path_factory):
+    """A one-layer pruned copy of the tiny target (no distillation), saved as specbench saves one."""
+    from specbench.pruning import build_pruned_draft
+
+    directory = tmp_path_factory.mktemp("pruned") / "draft"
+    build_pruned_draft(tiny, directory, 1, "first", 0, "python-docs")
+    return directory
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_damaged_pruned_draft_without_a_manifest_is_one_line(pruned_draft, tmp_path, name, kind):
+    """A checkpoint given without manifest.json is loaded unchecked, so the loader's own errors must be one line."""
+    from specbench.pruning import load_pruned_draft
+
+    copy = tmp_path / "draft"
+    shutil.copytree(pruned_draft, copy, symlinks=False)
+    (copy / MANIFEST).unlink()
+    (copy / name).write_bytes(damage(kind, (copy / name).read_bytes()))
+    one_line(load_pruned_draft, copy, torch.float32, "rebuild it", require_manifest=False, match=str(copy))
