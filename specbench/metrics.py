@@ -39,9 +39,22 @@ The definitions other tools use, under their names, for comparisons with them:
 * vLLM's per-position acceptance rate (``per_position_acceptance_rate``): accepted draft tokens at position i
   over all drafts, so it can only fall with i; ``acceptance_by_position`` divides by the drafts that reached
   position i instead, which tells a drafter's deep guesses apart from its short drafts;
+* vLLM's acceptance histogram (``acceptance_histogram``): entry j counts the drafts that accepted exactly j
+  draft tokens (vLLM's per-request ``acceptance_histogram`` of ``--per-request-spec-decode-metrics``, vLLM
+  pull request #48915: "index j is the number of verify steps that accepted exactly j draft tokens"), up to
+  the deepest draft (vLLM's ``num_spec_tokens``). Of one request's steps it is that request's; of a set of
+  requests, the sum of theirs;
 * time per output token (TPOT, ``time_per_output_token_ms``): a question's wall time over its new tokens (all
   turns), in ms, with its mean and percentiles over questions. vLLM's benchmark leaves the first token's time
   out of it ((latency - TTFT) / (tokens - 1)); specbench's includes the prefill, so a long prompt raises it.
+
+vLLM's three draft figures describe the same drafts, so they obey identities that NVIDIA's specdec_bench
+checks on every run: the mean acceptance length is 1 + the sum of the per-position rates (a draft that accepted
+n tokens counts once at each of positions 1..n), the histogram counts every draft once, and its tail from j is
+the per-position rate at j. ``statistics_of_questions`` checks them wherever it computes the figures
+(``check_acceptance_identities``) and raises ``AcceptanceFiguresDisagree`` when they fail: one of the
+definitions has changed, or a step accepted more draft tokens than its recorded draft depth (a depth recorded
+wrong), which ``_drafted_steps`` refuses first.
 
 And the counts that say whether a set of answers is lossless: questions identical to the baseline, and of
 the others those whose first differing token was a near-tie (the target's top two choices so close that
@@ -153,14 +166,78 @@ def mean_acceptance_length(accept_lengths: Sequence[int], draft_depths: Sequence
     return 1.0 + float(accepted.mean()) if accepted.size else 1.0
 
 
+def acceptance_histogram(accept_lengths: Sequence[int], draft_depths: Sequence[int]) -> list[int]:
+    """vLLM's acceptance histogram: entry j is the number of drafts (steps that verified a draft) that accepted
+    exactly j draft tokens, for j from 0 to the deepest draft's depth; [] without drafts.
+
+    >>> acceptance_histogram([1, 3, 1, 2, 1], [0, 4, 4, 2, 0])  # drafts accepting 2, 0 and 1 of 4, 4, 2
+    [1, 1, 1, 0, 0]
+    >>> acceptance_histogram([1, 1], [0, 0])
+    []
+    """
+    depths, accepted = _drafted_steps(accept_lengths, draft_depths)
+    if not depths.size:
+        return []
+    return np.bincount(accepted, minlength=int(depths.max()) + 1).tolist()
+
+
+class AcceptanceFiguresDisagree(RuntimeError):
+    """vLLM's acceptance figures of one set of steps break the identities that bind them: a bug in specbench
+    (a changed definition), never a user's error."""
+
+
+def check_acceptance_identities(mean_length: float, per_position: Sequence[float], histogram: Sequence[int]) -> None:
+    """Raise ``AcceptanceFiguresDisagree`` unless vLLM's figures of one set of steps agree as their definitions
+    make them: mean acceptance length = 1 + the sum of the per-position rates (specdec_bench's check); the
+    histogram's mean accepted count = mean acceptance length - 1; the histogram's tail from j, over its
+    drafts, = the per-position rate at j; as many histogram entries as positions + 1. Without drafts: length
+    1.0, no positions, an empty histogram.
+
+    >>> check_acceptance_identities(2.0, [2 / 3, 1 / 3, 0.0, 0.0], [1, 1, 1, 0, 0])
+    >>> check_acceptance_identities(2.5, [2 / 3, 1 / 3], [1, 1, 1])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    specbench.metrics.AcceptanceFiguresDisagree: vLLM's mean acceptance length 2.5 is not 1 + the sum of ...
+    """
+    rates, counts = np.asarray(per_position, dtype=np.float64), np.asarray(histogram, dtype=np.int64)
+    drafts = int(counts.sum())
+    problems = []
+    if not np.isclose(mean_length, 1.0 + rates.sum(), rtol=1e-9, atol=1e-12):
+        shown = ", ".join(f"{rate:.4f}" for rate in rates)
+        problems.append(f"vLLM's mean acceptance length {mean_length:g} is not 1 + the sum of its per-position "
+                        f"rates [{shown}] ({1.0 + rates.sum():g})")
+    if counts.size != (rates.size + 1 if rates.size else 0):
+        problems.append(f"the acceptance histogram has {counts.size} entries for {rates.size} draft positions "
+                        "(one per accepted count 0..deepest draft)")
+    elif drafts:
+        histogram_mean = float((np.arange(counts.size) * counts).sum()) / drafts
+        if not np.isclose(mean_length, 1.0 + histogram_mean, rtol=1e-9, atol=1e-12):
+            problems.append(f"the acceptance histogram {counts.tolist()} gives a mean acceptance length of "
+                            f"{1.0 + histogram_mean:g}, not {mean_length:g}")
+        tails = counts[::-1].cumsum()[::-1][1:] / drafts
+        if not np.allclose(tails, rates, rtol=1e-9, atol=1e-12):
+            problems.append(f"the acceptance histogram {counts.tolist()} gives per-position rates "
+                            f"{[round(float(t), 4) for t in tails]}, not {[round(float(r), 4) for r in rates]}")
+    if problems:
+        raise AcceptanceFiguresDisagree("; ".join(problems))
+
+
 def _drafted_steps(accept_lengths: Sequence[int], draft_depths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The draft depths and accepted draft tokens (accept length minus the bonus token) of the steps that
-    verified a draft (depth > 0), in order."""
+    verified a draft (depth > 0), in order. A ValueError when a step accepted more draft tokens than its draft
+    was deep, or a step without a draft more than its bonus token: no loop can, so its depths were recorded
+    wrong (a node count, another step's), and every per-position figure would be too."""
     if len(accept_lengths) != len(draft_depths):
         raise ValueError(f"{len(accept_lengths)} accept lengths but {len(draft_depths)} draft depths")
     depths = np.asarray(draft_depths, dtype=np.int64)
+    lengths = np.asarray(accept_lengths, dtype=np.int64)
+    beyond = np.flatnonzero(lengths > depths + 1)
+    if beyond.size:
+        step = int(beyond[0])
+        raise ValueError(f"step {step} (of {lengths.size}) appended {lengths[step]} tokens after a draft "
+                         f"{depths[step]} deep: at most depth + 1 (the bonus token) can be appended")
     drafted = depths > 0
-    return depths[drafted], np.asarray(accept_lengths, dtype=np.int64)[drafted] - 1
+    return depths[drafted], lengths[drafted] - 1
 
 
 def speedup_mean_of_ratios(method_rates: Sequence[float], baseline_rates: Sequence[float]) -> float:
@@ -286,10 +363,11 @@ def statistics_of_questions(rates: Sequence[float], accept_lengths: Sequence[Seq
     its accept lengths; None where unknown), and the paired baseline's tokens/s of the same questions in the
     same order when given: questions, tokens_per_s, baseline_tokens_per_s, speedup, speedup_mean_of_ratios,
     mean_accepted_tokens, acceptance_rate, mean_acceptance_length, acceptance_by_position,
-    per_position_acceptance_rate, and the time per output token (``tpot_statistics``). Values that need the
-    baseline are None without it; the acceptance rate is None when any count is unknown or nothing was
-    drafted; the vLLM and per-position figures are None when any question's draft depths are unknown (records
-    written before they were recorded, Spec-Bench's own files)."""
+    per_position_acceptance_rate, acceptance_histogram (the sum of the questions' own), and the time per output
+    token (``tpot_statistics``). Values that need the baseline are None without it; the acceptance rate is None
+    when any count is unknown or nothing was drafted; the vLLM and per-position figures are None when any
+    question's draft depths are unknown (records written before they were recorded, Spec-Bench's own files),
+    and checked against each other otherwise (``check_acceptance_identities``)."""
     lengths = [length for question in accept_lengths for length in question]
     drafted = list(drafted)
     depths = None if draft_depths is None or any(question is None for question in draft_depths) \
@@ -306,8 +384,12 @@ def statistics_of_questions(rates: Sequence[float], accept_lengths: Sequence[Seq
         "mean_acceptance_length": None if depths is None else mean_acceptance_length(lengths, depths),
         "acceptance_by_position": None if depths is None else acceptance_by_position(lengths, depths),
         "per_position_acceptance_rate": None if depths is None else per_position_acceptance_rate(lengths, depths),
+        "acceptance_histogram": None if depths is None else acceptance_histogram(lengths, depths),
         **tpot_statistics(rates),
     }
+    if depths is not None:
+        check_acceptance_identities(statistics["mean_acceptance_length"], statistics["per_position_acceptance_rate"],
+                                    statistics["acceptance_histogram"])
     if baseline_rates is not None:
         statistics["baseline_tokens_per_s"] = mean_rate(baseline_rates)
         statistics["speedup"] = speedup(rates, baseline_rates)

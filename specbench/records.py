@@ -96,7 +96,7 @@ SUPPORTED_SCHEMAS = (2, 3)
 STEP_COLUMNS = ["question_id", "turn", *StepRecord.__dataclass_fields__]
 SUMMARY_KEYS = ("questions", "identical_to_baseline", "near_ties", "violations", "speedup", "speedup_mean_of_ratios",
                 "mean_accepted_tokens", "acceptance_rate", "mean_acceptance_length", "acceptance_by_position",
-                "per_position_acceptance_rate", "tokens_per_s", "baseline_tokens_per_s", "tpot_ms",
+                "per_position_acceptance_rate", "acceptance_histogram", "tokens_per_s", "baseline_tokens_per_s", "tpot_ms",
                 *(f"tpot_p{percentile}_ms" for percentile in metrics.TPOT_PERCENTILES))
 
 
@@ -117,24 +117,31 @@ class Answer:
                   mismatch: Mismatch | None = None) -> dict:
         """Spec-Bench's model_answer line, plus a ``specbench`` key that Spec-Bench's scripts ignore.
 
-        accept_lengths has one entry per forward pass of the target (the prefill included), counting the
-        bonus token, so plain decoding gives [1, 1, ...] exactly as Spec-Bench's baseline records it. On a GPU
-        the ``specbench`` key also holds ``peak_gpu_memory_bytes`` (a CPU answer has no such key).
+        accept_lengths has one entry per forward pass of the original method's run (``original_passes``),
+        counting the bonus token, so plain decoding gives [1, 1, ...] exactly as Spec-Bench's baseline records
+        it, and Spec-Bench's ``evaluation/speed.py`` (the mean of every entry) gives the summary's MAT. The
+        ``specbench`` key holds the draft depths parallel to it and vLLM's acceptance histogram of this
+        request (``specbench.metrics.acceptance_histogram``); on a GPU also ``peak_gpu_memory_bytes`` (a CPU
+        answer has no such key).
         """
+        passes = [original_passes(steps) for steps in self.steps]
+        lengths = [step.accepted_tokens for turn in passes for step in turn]
+        depths = [step.draft_depth for turn in passes for step in turn]
         choice = {
             "index": 0,
             "turns": self.texts,
-            "decoding_steps": [len(steps) for steps in self.steps],
+            "decoding_steps": [len(turn) for turn in passes],
             "new_tokens": [len(ids) for ids in self.token_ids],
             "wall_time": self.wall_times,
-            "accept_lengths": [step.accepted_tokens for steps in self.steps for step in steps],
+            "accept_lengths": lengths,
         }
         ours = {
             "task": prompt.task,
             "identical_to_baseline": identical_to_baseline,
             "drafted_tokens": sum(step.candidate_tokens for steps in self.steps for step in steps),
             # Per step, parallel to accept_lengths: the per-position and vLLM acceptance figures need them.
-            "draft_depths": [step.draft_depth for steps in self.steps for step in steps],
+            "draft_depths": depths,
+            "acceptance_histogram": metrics.acceptance_histogram(lengths, depths),
             "mismatch": None if mismatch is None else mismatch.to_dict(),
         }
         if self.peak_gpu_memory_bytes is not None:
@@ -155,6 +162,20 @@ class Answer:
             for turn, steps in enumerate(self.steps)
             for step in steps
         ]
+
+
+def original_passes(steps: list[StepRecord]) -> list[StepRecord]:
+    """One turn's steps as its original method's run counts its forward passes, for the answer file: a
+    prefill that settled nothing (``Drafter.first_draft_from_prompt``: PLD, SpS, Token Recycling) is left
+    out, since the originals verify the first draft in the pass that reads the prompt (PLD, SpS: Spec-Bench
+    ``model/pld/pld.py:86-135`` and ``model/sps/decoding.py:253-362`` append one accept length per pass of
+    their loop, the first one reading the prompt) or leave the prompt pass out of their counts (Token
+    Recycling); Spec-Bench's ``evaluation/eval.py:223-230`` writes those entries and their count
+    (decoding_steps). Written as a 0, the prefill would be averaged in by ``evaluation/speed.py:29, 65`` (the
+    mean of every entry), which ``metrics.mean_accepted_tokens`` leaves out. steps.parquet keeps every step."""
+    if steps and steps[0].step == 0 and steps[0].accepted_tokens == 0:
+        return steps[1:]
+    return steps
 
 
 def _refused(error: BaseException, path: Path) -> SpecbenchError | None:
@@ -369,6 +390,14 @@ def _answer_problem(record: dict, kind: LineKind) -> str | None:
         if depths is not None and not (isinstance(depths, list) and len(depths) == len(lengths)
                                        and all(_is_count(value) for value in depths)):
             return "has a specbench.draft_depths that is not a list of draft depths, one per accept length"
+        if depths is not None:
+            # No step appends more than its draft's depth + the bonus token; a record that says so has its
+            # depths wrong, and every per-position figure computed from it would be.
+            beyond = next((index for index, (length, depth) in enumerate(zip(lengths, depths))
+                           if length > depth + 1), None)
+            if beyond is not None:
+                return (f"has a step (accept_lengths[{beyond}]) that appends {lengths[beyond]} tokens after a draft "
+                        f"{depths[beyond]} deep (specbench.draft_depths): at most depth + 1")
     return _specbench_problem(record.get("specbench"), kind)
 
 

@@ -85,6 +85,33 @@ def test_run_writes_every_record(finished_run):
     assert "overall" in result.stdout and "speedup" in result.stdout
 
 
+def test_spec_bench_speed_py_gives_the_summarys_mat_on_the_answer_file(finished_run):
+    """Spec-Bench's evaluation/speed.py, restated (scripts/compare_spec_bench.py imports the real one), on the
+    run's answers.jsonl gives summary.json's MAT: PLD's first draft is verified in the pass that reads the
+    prompt in its original, so the answer file has no entry for specbench's prefill, which settles nothing."""
+    run_dir, _ = finished_run
+    answers = read_jsonl(run_dir / "answers.jsonl")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["drafter"] == "pld"
+    mt_bench = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]  # :9
+    for task, stats in summary["tasks"].items():
+        # speed.py:13-22: overall takes every record, mt_bench its eight categories, any other task its own
+        data = [record for record in answers if task == "overall"
+                or (record["category"] in mt_bench if task == "mt_bench" else record["category"] == task)]
+        lengths = [length for record in data for length in record["choices"][0]["accept_lengths"]]  # :29
+        assert data and np.mean(lengths) == pytest.approx(stats["mean_accepted_tokens"], abs=1e-12), task  # :65
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    prefills = steps[steps.step == 0]
+    assert (prefills.accepted_tokens == 0).all()  # steps.parquet keeps the prefill pass, which settles nothing
+    for record in answers:
+        choice = record["choices"][0]
+        assert 0 not in choice["accept_lengths"]
+        # One entry per pass of the original, and decoding_steps their count per turn (Spec-Bench eval.py:223)
+        assert sum(choice["decoding_steps"]) == len(choice["accept_lengths"]) == len(record["specbench"]["draft_depths"])
+        turns = len(prefills[prefills.question_id == record["question_id"]])
+        assert len(choice["accept_lengths"]) == len(steps[steps.question_id == record["question_id"]]) - turns
+
+
 def test_rerun_resumes_without_redoing_or_duplicating(finished_run, tmp_path):
     run_dir, _ = finished_run
     before = read_jsonl(run_dir / "answers.jsonl")

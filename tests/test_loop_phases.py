@@ -287,3 +287,108 @@ def test_round_trips_per_step_are_pinned(monkeypatch, tiny, prompt_ids, shape, t
             assert step["scalar_reads"] == scalar_reads, step
         else:  # sampling: the random draws of the walk, bounded by the nodes it tries, plus the recovered token
             assert 1 <= step["scalar_reads"] <= 3 + 2, step
+
+
+# What the loop records for the metrics: every per-step quantity a metric reads (draft depth, draft and
+# candidate tokens, accepted tokens), checked at the loop against values worked out here from the draft alone.
+
+
+_CONTINUATIONS: dict = {}
+
+
+def continuation(tiny, ids, count: int) -> list[int]:
+    """The first ``count`` tokens of greedy decoding after ``ids`` (transformers' generate, once per prompt for
+    the session: greedy's first k tokens are the same whatever the length asked)."""
+    key = (id(tiny.model), tuple(ids))
+    if key not in _CONTINUATIONS:
+        _CONTINUATIONS[key] = greedy_reference(tiny.model, ids, 28)
+    assert count <= 28
+    return _CONTINUATIONS[key][:count]
+
+
+class KnownTree(ScriptedDrafter):
+    """A tree of 8 candidate nodes, 5 deep, whose right path is 2 deep, from a known continuation:
+
+        depth:   1            2            3              4   5
+                 right[0] --- right[1] --- wrong (node 3)
+                 wrong ------ x ---------- x ------------ x - x
+
+    (node order 0: right[0], 1: wrong, 2: right[1], 3: wrong, 4-7: the wrong branch's chain). With
+    ``window``, 3 non-candidate nodes follow (a chain from the root, as Lookahead's Jacobi window): the target
+    scores them, but they are never accepted and are no part of the draft's depth."""
+
+    DEPTHS = (1, 1, 2, 3, 2, 3, 4, 5)  # of the candidate nodes, restated from the picture above
+    RIGHT_PATH = 2
+
+    def __init__(self, continuation, window=False, first_draft_from_prompt=False):
+        super().__init__(continuation, length=3)
+        self.window = window
+        self.first_draft_from_prompt = first_draft_from_prompt
+
+    def propose(self, context_ids):
+        done = context_ids.size - self.prompt_length
+        right = self.continuation[done: done + 3]
+        tokens = [right[0], right[0] + 1, right[1], right[2] + 1, 7, 7, 7, 7]
+        parents = [-1, -1, 0, 2, 1, 4, 5, 6]
+        if self.window:
+            tokens += [11, 12, 13]
+            parents += [-1, 8, 9]
+        candidates = [True] * 8 + [False] * (len(tokens) - 8)
+        return Draft(torch.tensor(tokens) % self.vocab_size, parents=torch.tensor(parents),
+                     candidates=torch.tensor(candidates) if self.window else None)
+
+
+def expected_tree_steps(max_new_tokens, window, first_draft_from_prompt):
+    """(draft_depth, draft_tokens, candidate_tokens, accepted_tokens) of each decoding step of KnownTree: the
+    budget cuts candidate paths to the tokens left but one (the bonus), never the window."""
+    generated, steps = 0 if first_draft_from_prompt else 1, []
+    while generated < max_new_tokens:
+        room = max_new_tokens - generated - 1
+        kept = sum(depth <= room for depth in KnownTree.DEPTHS)
+        depth = max((d for d in KnownTree.DEPTHS if d <= room), default=0)
+        accepted = min(KnownTree.RIGHT_PATH, room) + 1
+        steps.append((depth, kept + 3 * window, kept, accepted))
+        generated += accepted
+    return steps
+
+
+def recorded(generation):
+    return [(step.draft_depth, step.draft_tokens, step.candidate_tokens, step.accepted_tokens)
+            for step in generation.steps[1:]]
+
+
+@pytest.mark.parametrize("window", [False, True])
+@pytest.mark.parametrize("first_draft_from_prompt", [False, True])
+def test_a_tree_step_records_the_trees_depth_not_its_node_count(tiny, prompt_ids, window, first_draft_from_prompt):
+    ids, max_new_tokens = prompt_ids[0], 11  # 11: the last steps are cut by the budget, down to no draft at all
+    reference = continuation(tiny, ids, max_new_tokens + 3)
+    drafter = KnownTree(reference, window, first_draft_from_prompt)
+    generation = Decoder(tiny.backend, frozenset(), max_draft_tokens=64).generate(ids, drafter, max_new_tokens)
+    assert generation.token_ids == reference[:max_new_tokens]
+    prefill = generation.steps[0]
+    assert (prefill.draft_depth, prefill.draft_tokens, prefill.candidate_tokens) == (0, 0, 0)
+    assert prefill.accepted_tokens == (0 if first_draft_from_prompt else 1)
+    expected = expected_tree_steps(max_new_tokens, window, first_draft_from_prompt)
+    assert recorded(generation) == expected
+    assert expected[0][:3] == (5, 8 + 3 * window, 8)  # a full tree: 5 deep, 8 candidate nodes
+    assert any(depth < 5 for depth, *_ in expected)  # and the budget's cuts were met
+
+
+@pytest.mark.parametrize("mode,length,empty_every", [("right", 4, 0), ("wrong", 3, 0), ("right", 10, 3)])
+def test_a_chain_step_records_the_chains_length(tiny, prompt_ids, mode, length, empty_every):
+    ids, max_new_tokens, max_draft_tokens = prompt_ids[1], 17, 6
+    reference = continuation(tiny, ids, max_new_tokens + length)
+    drafter = ScriptedDrafter(reference, length, mode=mode, empty_every=empty_every)
+    generation = Decoder(tiny.backend, frozenset(), max_draft_tokens).generate(ids, drafter, max_new_tokens)
+    assert generation.token_ids == reference[:max_new_tokens]
+    generated, expected = 1, []
+    for call in range(1, len(generation.steps)):
+        room = max_new_tokens - generated - 1
+        # The loop verifies at most max_draft_tokens, and no more than the tokens left but the bonus.
+        depth = 0 if empty_every and call % empty_every == 0 else min(length, max_draft_tokens, room)
+        accepted = (depth if mode == "right" else 0) + 1
+        expected.append((depth, depth, depth, accepted))
+        generated += accepted
+    assert generated == max_new_tokens
+    assert recorded(generation) == expected
+    assert {depth for depth, *_ in expected} >= ({0, 6} if empty_every else {min(length, 6)})

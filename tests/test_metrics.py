@@ -67,6 +67,8 @@ EXPECTED = {
            "speedup_mean_of_ratios": 1.75, "mean_accepted_tokens": 3.5, "acceptance_rate": 0.6,
            "mean_acceptance_length": 4.75, "acceptance_by_position": [1, 1, 0.75, 0.25, 0.25, 1, 1, 0, 0, 0],
            "per_position_acceptance_rate": [1, 1, 0.75, 0.25, 0.25, 0.25, 0.25, 0, 0, 0],
+           # vLLM's histogram: drafts accepting 0..10 (the deepest draft) tokens: one 2, two 3s, one 7
+           "acceptance_histogram": [0, 0, 1, 2, 0, 0, 0, 1, 0, 0, 0],
            "tpot_ms": 125 / 3, "tpot_p50_ms": 125 / 3, "tpot_p90_ms": 145 / 3, "tpot_p99_ms": 299 / 6},
     # mt_bench: tokens/s 16 / 0.8 = 20 (not the mean of the turns' rates, mean(33.3, 12) = 22.7); baseline
     #     16 / 1.6 = 10; speedup 2 (one question: both definitions); MAT 16 / 6 steps = 8/3; acceptance
@@ -76,6 +78,7 @@ EXPECTED = {
                  "speedup_mean_of_ratios": 2.0, "mean_accepted_tokens": 8 / 3, "acceptance_rate": 0.5,
                  "mean_acceptance_length": 3.5, "acceptance_by_position": [1, 0.75, 0.5, 0.25, 0],
                  "per_position_acceptance_rate": [1, 0.75, 0.5, 0.25, 0],
+                 "acceptance_histogram": [0, 1, 1, 1, 1, 0],  # drafts accepting 1, 2, 3, 4 of 5
                  "tpot_ms": 50.0, "tpot_p50_ms": 50.0, "tpot_p90_ms": 50.0, "tpot_p99_ms": 50.0},
     # overall: tokens/s mean(20, 30, 20) = 70/3; baseline mean(10, 20, 10) = 40/3; speedup 70/40 = 1.75
     #     (mean of ratios: mean(2, 1.5, 2) = 11/6); MAT 37 tokens / 12 steps; acceptance 25 / 45 = 5/9;
@@ -87,6 +90,8 @@ EXPECTED = {
                 "mean_acceptance_length": 33 / 8,
                 "acceptance_by_position": [1, 7 / 8, 5 / 8, 2 / 8, 1 / 8, 1, 1, 0, 0, 0],
                 "per_position_acceptance_rate": [1, 7 / 8, 5 / 8, 2 / 8, 1 / 8, 1 / 8, 1 / 8, 0, 0, 0],
+                # 1, 2, 2, 3, 3, 3, 4, 7 accepted: the sum of qa's and mt_bench's histograms
+                "acceptance_histogram": [0, 1, 2, 3, 1, 0, 0, 1, 0, 0, 0],
                 "tpot_ms": 400 / 9, "tpot_p50_ms": 50.0, "tpot_p90_ms": 50.0, "tpot_p99_ms": 50.0},
 }
 
@@ -98,7 +103,7 @@ def subset(records, task):
 @pytest.mark.parametrize("task", sorted(EXPECTED))
 def test_group_statistics_match_the_hand_worked_numbers(task):
     statistics = metrics.group_statistics(subset(METHOD, task), subset(BASELINE, task))
-    lists = ("acceptance_by_position", "per_position_acceptance_rate")
+    lists = ("acceptance_by_position", "per_position_acceptance_rate", "acceptance_histogram")
     assert {key: value for key, value in statistics.items() if key not in lists} == pytest.approx(
         {key: value for key, value in EXPECTED[task].items() if key not in lists})
     for key in lists:
@@ -255,3 +260,111 @@ def test_records_without_draft_depths_take_them_from_the_steps_or_show_none(tmp_
     question_rows = questions.to_dict("records")
     fill_draft_depths(question_rows, pd.DataFrame(rows))
     assert [row["draft_depths"] for row in question_rows] == [[0, 5, 5, 5], [0, 10], None]
+
+
+# vLLM's figures check each other on every run shape the loop records (specdec_bench's check, item 10 of
+# issue 30): through the real loop with the tiny random model, then in hand-built records the loop cannot make.
+
+
+def speed_py_mat(records):
+    """Spec-Bench's evaluation/speed.py MAT, restated: np.mean over every accept_lengths entry of every record
+    (speed.py:29, 65), zeros included."""
+    lengths = [length for record in records for length in record["choices"][0]["accept_lengths"]]
+    return sum(lengths) / len(lengths)
+
+
+def vllm_figures_by_hand(lengths, depths):
+    """(mean acceptance length, per-position rates, histogram) of one set of steps, from their definitions."""
+    accepted = [length - 1 for length, depth in zip(lengths, depths) if depth > 0]
+    if not accepted:
+        return 1.0, [], []
+    deepest = max(depth for depth in depths)
+    per_position = [sum(count >= position for count in accepted) / len(accepted) for position in range(1, deepest + 1)]
+    histogram = [sum(count == j for count in accepted) for j in range(deepest + 1)]
+    return 1 + sum(accepted) / len(accepted), per_position, histogram
+
+
+def run_shape(tiny, prompt_ids, shape):
+    """One answer of two turns (two prompts) decoded through Decoder.generate, as the runner records it."""
+    from conftest import ScriptedDrafter
+    from hydra.utils import instantiate
+    from test_loop_phases import KnownTree, continuation
+
+    from specbench.config import compose
+    from specbench.data import Prompt
+    from specbench.decoding.loop import Decoder
+    from specbench.records import Answer
+
+    kind, max_new_tokens = shape
+    answer = Answer()
+    # Two turns where the first pass of each is folded into the answer file's first entry, else one.
+    for ids in prompt_ids[:2 if kind in ("pld", "recycling", "tree") else 1]:
+        if kind in ("pld", "recycling", "lookahead"):
+            drafter = instantiate(compose([f"drafter={kind}", "model=tiny-random"]).drafter)
+            drafter.prepare(tiny)
+        else:
+            reference = continuation(tiny, ids, max_new_tokens + 10)
+            drafter = {"chain": lambda: ScriptedDrafter(reference, 4),
+                       "rejected": lambda: ScriptedDrafter(reference, 3, mode="wrong"),
+                       "long and empty": lambda: ScriptedDrafter(reference, 10, empty_every=2),
+                       "tree": lambda: KnownTree(reference, window=True, first_draft_from_prompt=True)}[kind]()
+        generation = Decoder(tiny.backend, frozenset(), max_draft_tokens=8).generate(ids, drafter, max_new_tokens)
+        answer.texts.append("x")
+        answer.token_ids.append(generation.token_ids)
+        answer.steps.append(generation.steps)
+        answer.wall_times.append(max(generation.wall_s, 1e-6))
+    return answer, answer.to_record(Prompt(1, "qa", "qa", ("q",) * len(answer.steps)), "tiny", None)
+
+
+RUN_SHAPES = [("pld", 16), ("recycling", 16), ("lookahead", 16), ("chain", 12), ("rejected", 9),
+              ("long and empty", 7), ("tree", 11), ("pld", 1), ("chain", 1)]  # 1 token: no decoding step, or
+# (first_draft_from_prompt) one whose draft the budget cuts to nothing
+
+
+@pytest.mark.parametrize("shape", RUN_SHAPES, ids=[f"{kind}-{tokens}" for kind, tokens in RUN_SHAPES])
+def test_vllm_figures_obey_their_identities_on_every_recorded_run_shape(tiny, prompt_ids, shape):
+    answer, record = run_shape(tiny, prompt_ids, shape)
+    statistics = metrics.group_statistics([record], None)  # checks the identities itself; restated here
+    lengths, depths = record["choices"][0]["accept_lengths"], record["specbench"]["draft_depths"]
+    mean_length, per_position, histogram = (statistics["mean_acceptance_length"],
+                                            statistics["per_position_acceptance_rate"],
+                                            statistics["acceptance_histogram"])
+    assert mean_length == pytest.approx(1 + sum(per_position), abs=1e-12)
+    assert (mean_length, histogram) == pytest.approx(vllm_figures_by_hand(lengths, depths)[::2])
+    assert per_position == pytest.approx(vllm_figures_by_hand(lengths, depths)[1])
+    assert record["specbench"]["acceptance_histogram"] == histogram  # one request: its own histogram
+    # The answer file as the original's run writes it: Spec-Bench's speed.py gives the summary's MAT.
+    assert speed_py_mat([record]) == pytest.approx(statistics["mean_accepted_tokens"])
+    # Every step the loop recorded is in the figures, the prefill that settles nothing (PLD, Token Recycling,
+    # the tree here) excepted: the figures of all recorded steps are the same.
+    steps = [step for turn in answer.steps for step in turn]
+    assert vllm_figures_by_hand([s.accepted_tokens for s in steps], [s.draft_depth for s in steps]) == pytest.approx(
+        (mean_length, per_position, histogram))
+    assert len(lengths) == len(steps) - sum(turn[0].accepted_tokens == 0 for turn in answer.steps)
+    assert record["choices"][0]["decoding_steps"] == [len(turn) - (turn[0].accepted_tokens == 0)
+                                                      for turn in answer.steps]
+
+
+def test_a_broken_identity_or_an_impossible_step_is_refused_loudly(monkeypatch):
+    # A step that appends more than its draft's depth + the bonus token: its depth was recorded wrong.
+    with pytest.raises(ValueError, match="step 1 .* appended 4 tokens after a draft 2 deep"):
+        metrics.group_statistics([line(9, "qa", [[1, 4]], [0.1], drafted=2, task="qa", depth=2)], None)
+    # A definition changed (vLLM's per-position rate over the drafts that reached each position): the summary
+    # must not be written with figures that contradict each other.
+    monkeypatch.setattr(metrics, "per_position_acceptance_rate", metrics.acceptance_by_position)
+    with pytest.raises(metrics.AcceptanceFiguresDisagree, match="is not 1 \\+ the sum of its per-position rates"):
+        metrics.group_statistics(METHOD, BASELINE)
+    monkeypatch.undo()
+    monkeypatch.setattr(metrics, "acceptance_histogram", lambda lengths, depths: [0, 1, 2, 3, 1, 0, 0, 1, 0, 0])
+    with pytest.raises(metrics.AcceptanceFiguresDisagree, match="histogram has 10 entries for 10 draft positions"):
+        metrics.group_statistics(METHOD, BASELINE)
+
+
+def test_the_acceptance_histogram_of_a_set_is_the_sum_of_its_requests():
+    ones = [metrics.acceptance_histogram(record["choices"][0]["accept_lengths"], record["specbench"]["draft_depths"])
+            for record in METHOD]
+    assert ones == [[0, 0, 1, 2, 0, 0], [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], [0, 1, 1, 1, 1, 0]]
+    width = max(map(len, ones))
+    summed = [sum(one[j] if j < len(one) else 0 for one in ones) for j in range(width)]
+    assert metrics.group_statistics(METHOD, BASELINE)["acceptance_histogram"] == summed
+    assert metrics.acceptance_histogram([1, 1, 1], [0, 0, 0]) == []  # no drafts: no histogram (vLLM: zeros)

@@ -27,7 +27,8 @@ BIG = 2**70  # beyond int64: no Arrow integer column holds it
 
 def answer(tokens=5, seconds=1.0, accepted=(1, 2, 2)):
     result = Answer(texts=["x"], token_ids=[list(range(tokens))], wall_times=[seconds])
-    result.steps = [[StepRecord(i, n + 1, 1, n, 0.0, 0.01, 0.0, 10 + i, candidate_tokens=n + 1 if i else 0)
+    result.steps = [[StepRecord(i, n + 1, 1, n, 0.0, 0.01, 0.0, 10 + i, candidate_tokens=n + 1 if i else 0,
+                                draft_depth=n + 1 if i else 0)
                      for i, n in enumerate(accepted)]]
     return result
 
@@ -119,6 +120,9 @@ def changed(path: str, value):
     (changed("choices.0.accept_lengths", []), "has a choices[0].accept_lengths that is not a non-empty list"),
     (changed("specbench.draft_depths", [0]), "has a specbench.draft_depths that is not a list of draft depths, one per"),
     (changed("specbench.draft_depths", "deep"), "has a specbench.draft_depths that is not a list of draft depths"),
+    # A step appends at most its draft's depth + the bonus token: depths that say otherwise were recorded wrong.
+    (changed("specbench.draft_depths", [0, 0, 3]), "has a step (accept_lengths[1]) that appends 2 tokens after a "
+                                                   "draft 0 deep (specbench.draft_depths): at most depth + 1"),
     (changed("specbench", ...), "has no specbench object"),
     (changed("specbench.task", "poetry"), "has no known specbench.task"),
     (changed("specbench.identical_to_baseline", "yes"), "has a specbench.identical_to_baseline that is not true, false or null"),
