@@ -3,10 +3,12 @@ removing it). A guard that changes nothing when removed (a fast path whose resul
 needs no case; docs/development.md's code map names the drafters."""
 
 import numpy as np
+from test_samd import propose, samd
 
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.drafters.hd import generated_ngrams, statistics_candidates
 from specbench.drafters.recycling import recycle
+from specbench.drafters.suffix import TokenSequences, speculate
 
 
 def test_recycling_learns_from_fewer_top_k_columns_than_its_matrix_has():
@@ -32,3 +34,22 @@ def test_hd_adds_no_ngram_that_would_start_before_the_context():
     # and slicing from a negative index would add empty n-grams instead.
     assert generated_ngrams(np.array([1, 2, 3]), 3, 3) == []
     assert generated_ngrams(np.array([1, 2, 3, 4]), 3, 3) == [(1, 2, 3)]
+
+
+def test_samd_with_an_auxiliary_drafts_from_the_context_when_the_matches_tie():
+    # SB model/samd/draft.py:57-62 @fd2c1cd: the corpus match less len_bias against the context's, the context on a tie
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5]  # the context matches its last 5 tokens earlier on
+    tie = propose(samd(corpus_documents=[context[-10:] + [50, 51, 52]]), context)  # corpus 10 - 5 = 5
+    assert set(tie.sources) == {"context"} and tie.token_ids.tolist()[:7] == [6, 7, 8, 1, 2, 3, 4]
+    longer = propose(samd(corpus_documents=[context[-11:] + [50, 51, 52]]), context)  # corpus 11 - 5 = 6
+    assert set(longer.sources) == {"corpus"} and longer.token_ids.tolist()[:3] == [50, 51, 52]
+
+
+def test_suffix_speculation_on_an_empty_pattern_drafts_nothing():
+    # speculate reads the pattern's last token: an empty pattern (nothing to match) is an empty draft, not an
+    # IndexError; a one-token pattern has no match length below its own either.
+    sequences = TokenSequences.of([np.array([1, 2, 3, 1, 2, 3])])
+    for pattern in ([], [3]):
+        draft = speculate(sequences, np.array(pattern, dtype=np.int64), max_depth=24, max_spec_tokens=24,
+                          max_spec_factor=1.0, max_spec_offset=0.0, min_token_prob=0.1)
+        assert draft.token_ids == [] and draft.score == 0
