@@ -39,7 +39,7 @@ import yaml
 
 from specbench import metrics
 from specbench.data import task_of
-from specbench.errors import SpecbenchError
+from specbench.errors import SpecbenchError, damage_reason
 from specbench.records import (BASELINE_ANSWER, SPEC_BENCH_METHOD, STEP_COLUMNS, SUMMARY_KEYS,
                                SUPPORTED_SCHEMAS, LineKind, question_key, read_json_file, read_jsonl_records,
                                read_result_lines, read_run_results, record_problem, run_question_ids)
@@ -252,8 +252,17 @@ def sweep_overrides(run_dir: Path) -> dict[str, str]:
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
     if not overrides_file.is_file():
         return {}
+    try:
+        overrides = yaml.safe_load(overrides_file.read_text()) or []
+        if not isinstance(overrides, list):
+            raise ValueError("not a list of overrides")
+    except Exception as error:  # yaml's ScannerError and ParserError, OSError, not UTF-8, a mapping: damaged
+        # Hydra writes this file; one damaged copy must not stop the analysis of the other runs
+        log.warning("%s is damaged (%s); the run is shown without its drafter overrides", overrides_file,
+                    damage_reason(error))
+        return {}
     found = {}
-    for override in yaml.safe_load(overrides_file.read_text()) or []:
+    for override in overrides:
         key, _, value = str(override).lstrip("+~").partition("=")
         if key.startswith("drafter.") and key != "drafter.name":
             found[key.removeprefix("drafter.")] = value

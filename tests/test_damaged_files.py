@@ -343,3 +343,19 @@ def test_a_damaged_pruned_draft_without_a_manifest_is_one_line(pruned_draft, tmp
     (copy / MANIFEST).unlink()
     (copy / name).write_bytes(damage(kind, (copy / name).read_bytes()))
     one_line(load_pruned_draft, copy, torch.float32, "rebuild it", require_manifest=False, match=str(copy))
+
+
+@pytest.mark.parametrize("kind", KINDS + ["a mapping", "unbalanced YAML"])
+def test_a_damaged_sweep_overrides_file_leaves_the_run_without_overrides(tmp_path, kind, caplog):
+    from analysis.runs import sweep_overrides
+
+    file = tmp_path / ".hydra" / "overrides.yaml"
+    file.parent.mkdir()
+    whole = b"- drafter=pld\n- drafter.num_draft_tokens=4\n"
+    file.write_bytes(whole)
+    assert sweep_overrides(tmp_path) == {"num_draft_tokens": "4"}
+    special = {"a mapping": b"drafter: pld\n", "unbalanced YAML": b"- [drafter=pld\n- {\n"}
+    file.write_bytes(special.get(kind) or damage(kind, whole))
+    with caplog.at_level(logging.WARNING):
+        found = sweep_overrides(tmp_path)
+    assert isinstance(found, dict) and all(isinstance(value, str) for value in found.values())
