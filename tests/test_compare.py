@@ -81,11 +81,12 @@ def test_every_published_method_maps_to_the_drafter_and_configuration_its_source
     assert not rows.duplicated(["source", "method"]).any()  # every row of a method: one drafter and configuration
     assert {(source, method): (drafter, settings)
             for source, method, drafter, settings in rows.itertuples(index=False)} == PUBLISHED_METHODS
-    from specbench.config import compose
+    from specbench.config import compose, group_options
     from specbench.drafters.samd import AUXILIARIES
 
-    for drafter, settings in set(PUBLISHED_METHODS.values()) - {("", "")}:
-        keys = set(compose([f"drafter={drafter}"]).drafter)  # a real drafter, and settings it really has
+    assert {drafter for drafter, _ in PUBLISHED_METHODS.values()} - {""} <= set(group_options("drafter"))
+    for drafter, settings in {pair for pair in PUBLISHED_METHODS.values() if pair[1]}:
+        keys = set(compose([f"drafter={drafter}"]).drafter)  # settings the drafter really has
         assert set(parse_settings(settings)) <= keys, (drafter, settings)
     assert set(AUXILIARIES) == {"recycling", "none"}  # so an EAGLE-2 auxiliary is always another configuration
 
