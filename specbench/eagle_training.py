@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specbench.errors import SpecbenchError, raise_refusal
+from specbench.errors import SpecbenchError, write_refused
 
 log = logging.getLogger(__name__)
 
@@ -679,12 +679,18 @@ def _save_checkpoint(staging: Path, identity: dict, head, optimizer, schedule, s
     partial = staging / f".{CHECKPOINT}.{unique_suffix()}"
     try:
         staging.mkdir(parents=True, exist_ok=True)
-        torch.save(state, partial)
+        # Through a file object: given a path, torch's writer reports a full disk as a RuntimeError without the
+        # errno ("basic_ios::clear: iostream error"); given a file, the write's OSError is in the error's context.
+        with open(partial, "wb") as handle:
+            torch.save(state, handle)
         os.replace(partial, staging / CHECKPOINT)
-    except OSError as error:
+    except Exception as error:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
-        raise_refusal(error, staging / CHECKPOINT)
+        refusal = write_refused(error, staging / CHECKPOINT)
+        if refusal is None:
+            raise
+        raise refusal from error
 
 
 def _load_checkpoint(staging: Path, identity: dict) -> dict | None:

@@ -119,6 +119,19 @@ def config_error_line(error: BaseException) -> str | None:
     return " ".join(text.split())
 
 
+def write_refused(error: BaseException, path=None, what: str = "write") -> SpecbenchError | None:
+    """``storage_refusal``'s one line about ``path`` for a write the filesystem refused, wherever in ``error``'s
+    chain its OSError is (a library's own exception raised from or while handling it, safetensors' quoted errno,
+    numpy's short write); None when there is none (a bug)."""
+    from specbench.artefacts import write_refusal  # not at import: artefacts imports this module
+
+    for link in _chain(error):
+        refusal = write_refusal(link, path, what)
+        if refusal is not None:
+            return refusal
+    return None
+
+
 def user_error_line(error: BaseException) -> str | None:
     """The one line for ``error`` if the user's input or environment caused it: a SpecbenchError, a config the
     composer refused, a write the filesystem refused wherever it was raised (a full disk inside torch's, numpy's
@@ -129,13 +142,8 @@ def user_error_line(error: BaseException) -> str | None:
     line = config_error_line(error)
     if line is not None:
         return line
-    from specbench.artefacts import write_refusal  # not at import: artefacts imports this module
-
-    for link in _chain(error):
-        refusal = write_refusal(link)
-        if refusal is not None:
-            return str(refusal)
-    return None
+    refusal = write_refused(error)
+    return None if refusal is None else str(refusal)
 
 
 def reporting_user_errors(program: str, main: Callable) -> Callable:

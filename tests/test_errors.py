@@ -827,3 +827,27 @@ def test_a_full_disk_is_one_line_from_a_script(tmp_path):
     result = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
     line = one_line_exit_2(result, "compare_spec_bench")
     assert f"cannot write {full}/" in line and "the disk is full (ENOSPC)" in line, line
+
+
+def test_a_full_disk_while_torch_saves_a_training_checkpoint_is_one_line_naming_it(tmp_path, monkeypatch):
+    """torch.save to a path reports a full disk as a RuntimeError without an errno, which the checkpoint's
+    ``except OSError`` let through as a traceback; saved through a file object, the OSError is in its context."""
+    import builtins
+
+    import torch
+
+    from specbench import eagle_training
+
+    def opening(path, mode="r", *args, **kwargs):
+        return FullDisk() if "w" in mode else builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(eagle_training, "open", opening, raising=False)  # the module's open: a disk that fills up
+    head = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(head.parameters())
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    staging = tmp_path / "staging"
+    with pytest.raises(SpecbenchError) as refused:
+        eagle_training._save_checkpoint(staging, {"kind": "eagle3"}, head, optimizer, schedule, 1, [0.5], 1.0)
+    checkpoint = staging / eagle_training.CHECKPOINT
+    assert str(refused.value).startswith(f"cannot write {checkpoint}: the disk is full (ENOSPC)")
+    assert list(staging.iterdir()) == []  # the partial file is removed

@@ -911,7 +911,8 @@ def _write_weights(state: dict, path: Path) -> None:
 
         save_file(state, str(path), metadata={"format": "pt"})
     else:
-        torch.save(state, path)
+        with open(path, "wb") as handle:  # a file object: a full disk reaches the error as its OSError (errno)
+            torch.save(state, handle)
 
 
 def _write_atomically(file: Path, write) -> None:
