@@ -1,6 +1,6 @@
-"""The drafters' guards that no other test reaches: each case here fails when its guard is removed (checked by
-removing it). A guard that changes nothing when removed (a fast path whose result the general code gives anyway)
-needs no case; docs/development.md's code map names the drafters."""
+"""The drafters' guards that no other test reached: each case here fails when its guard is removed (checked by
+removing it). Guards whose removal changes nothing need no case: REST's early return on an empty suffix-array
+range and its cut skipped for an empty tree (rest.py retrieved_tree) give what the general code gives anyway."""
 
 import numpy as np
 from test_samd import propose, samd
@@ -8,7 +8,7 @@ from test_samd import propose, samd
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.drafters.hd import generated_ngrams, statistics_candidates
 from specbench.drafters.recycling import recycle
-from specbench.drafters.suffix import TokenSequences, speculate
+from specbench.drafters.suffix import TokenSequences, match_ends, speculate
 
 
 def test_recycling_learns_from_fewer_top_k_columns_than_its_matrix_has():
@@ -53,3 +53,13 @@ def test_suffix_speculation_on_an_empty_pattern_drafts_nothing():
         draft = speculate(sequences, np.array(pattern, dtype=np.int64), max_depth=24, max_spec_tokens=24,
                           max_spec_factor=1.0, max_spec_offset=0.0, min_token_prob=0.1)
         assert draft.token_ids == [] and draft.score == 0
+
+
+def test_a_suffix_match_never_wraps_around_the_buffers_start():
+    # [7 3 8 7]: "7 7" does not occur, though the 7 at position 0 has the buffer's last token, 7, "before" it
+    # when the position one back is read from a negative index. Only the 1-token match drafts (3, half the time).
+    sequences = TokenSequences.of([np.array([7, 3, 8, 7])])
+    assert match_ends(sequences, np.array([7, 7]), 2).tolist() == []
+    draft = speculate(sequences, np.array([7, 7]), max_depth=24, max_spec_tokens=24, max_spec_factor=1.0,
+                      max_spec_offset=0.0, min_token_prob=0.1)
+    assert (draft.token_ids, draft.match_len, draft.score) == ([3], 1, 0.5)
