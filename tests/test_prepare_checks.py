@@ -188,3 +188,39 @@ def test_a_damaged_cached_copy_without_a_shipped_one_is_planned_for_a_build(tiny
     planned = planned_answers(tiny, PROMPTS, 4)
     assert planned.needs_build() and planned.state().startswith("the cached copy is damaged (")
     assert "): to build, about " in planned.state()
+
+
+# ---- a damaged cached artefact: planned and rebuilt by prepare ---------------------------------------------------
+
+
+@pytest.fixture
+def corpus_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    (cache / "corpora" / "python-docs").mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "fixtures" / "corpus.txt", cache / "corpora" / "python-docs" / "corpus.txt")
+    monkeypatch.setenv("SPECBENCH_CACHE", str(cache))
+    return cache
+
+
+def run_prepare(capsys, *argv) -> list[str]:
+    with pytest.raises(SystemExit) as exit_status:
+        prepare.main(["--model", "tiny-random", "--drafters", "rest", *argv])
+    out, err = capsys.readouterr()
+    assert exit_status.value.code == 0, err
+    return out.splitlines()
+
+
+def test_prepare_plans_and_rebuilds_a_damaged_cached_artefact(corpus_cache, capsys):
+    first = run_prepare(capsys)
+    stores = [path for path in (corpus_cache / "datastores").iterdir() if path.is_symlink()]
+    assert len(stores) == 1, first
+    store = stores[0]
+    with open(store / "tokens.npy", "ab") as file:
+        file.write(b"\0" * 8)  # a file of another size than its manifest records
+    lines = run_prepare(capsys, "--dry-run")
+    [line] = [line for line in lines if "the datastore of python-docs" in line]
+    assert ": the cached copy is damaged (" in line and "tokens.npy holds" in line and "): to build, about" in line
+    assert lines[-1].startswith("  1 to build, ")
+    lines = run_prepare(capsys)
+    assert "prepare: building what drafter=rest needs" in lines and lines[-1].startswith("prepare: done")
+    assert run_prepare(capsys, "--dry-run")[-1] == "  nothing to build"
