@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,32 @@ def test_the_head_loads_with_its_own_values(head_directory):
 
     target, directory = head_directory
     assert load_eagle_head(target, str(directory), "eagle") is not None
+
+
+@pytest.fixture(scope="module")
+def eagle3_head_directory(tiny, tmp_path_factory):
+    """A tiny EAGLE-3 head (random weights, its own full vocabulary) reading layers 0, 1, 1 of the 2-layer target."""
+    from specbench.models.eagle_heads import build_head, head_config_for, save_eagle_head
+
+    torch.manual_seed(0)
+    head = build_head(head_config_for(tiny, "eagle3", feature_layers=(0, 1, 1)), tiny.model.get_output_embeddings(),
+                      tiny.model.get_input_embeddings().weight)
+    directory = tmp_path_factory.mktemp("eagle3-head")
+    save_eagle_head(head, directory, "eagle3")
+    return tiny, directory
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, 64.5, "64", True, 0], ids=repr)
+@pytest.mark.parametrize("key", ["draft_vocab_size", "target_hidden_size"])
+def test_a_bad_eagle3_head_count_is_refused_naming_the_key(eagle3_head_directory, tmp_path, key, value):
+    from specbench.models.eagle_heads import load_eagle_head
+
+    target, directory = eagle3_head_directory
+    assert load_eagle_head(target, str(directory), "eagle3") is not None
+    copy = tmp_path / "head"
+    shutil.copytree(directory, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config[key] = value  # target_hidden_size is written only when it differs from hidden_size: set here
+    (copy / "config.json").write_text(json.dumps(config))
+    message = refusal(load_eagle_head, target, str(copy), "eagle3")
+    assert key in message and repr(value) in message, message
