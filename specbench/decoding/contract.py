@@ -3,7 +3,7 @@
 A drafter is prepared once for a target model, then lives through one question at a time:
 
     prepare(target, sampling)       load what it needs for this target and sampling configuration
-    seed(decode_seed)               a new decode: the seed every random draw of this decode comes from
+    seed_draws(decode_seed)         a new decode: the seed every random draw of this decode comes from
     begin(prompt_ids)               a new question: reset per-question state
     propose(context_ids) -> Draft   candidate tokens for the next step (may be empty)
     accept(accepted_ids, outcome)   what the target kept, so stateful drafters can learn from it
@@ -142,7 +142,7 @@ class Drafter(ABC):
         drafter that needs none."""
         return []
 
-    def seed(self, decode_seed: int) -> None:
+    def seed_draws(self, decode_seed: int) -> None:
         """Called before ``begin`` of every decode with a seed of that decode's own: a drafter that draws random
         numbers (a draft model sampling its tokens) draws them all from it, so that an answer does not depend on
         what was decoded before it, and a resumed run samples what an uninterrupted one did."""

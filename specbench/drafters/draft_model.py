@@ -124,12 +124,12 @@ class DraftModel(Drafter):
         self._cache_keyword = cache_keyword(draft)
         self.vocab_size = target.vocab_size
         self.sampling = sampling or Sampling()
-        self.generator = torch.Generator(device=target.device)  # seeded by every decode (seed)
+        self.generator = torch.Generator(device=target.device)  # seeded by every decode (seed_draws)
         self.generator.manual_seed(self.sampling.seed)
         self.device = target.device
         self.cache = None
 
-    def seed(self, decode_seed: int) -> None:
+    def seed_draws(self, decode_seed: int) -> None:
         if self.draft is not None:
             self.generator.manual_seed(decode_seed)
 
