@@ -4,6 +4,7 @@ range and its cut skipped for an empty tree (rest.py retrieved_tree) give what t
 
 import numpy as np
 from test_samd import propose, samd
+from test_window_drafters import make_hd
 
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.drafters.hd import generated_ngrams, statistics_candidates
@@ -63,3 +64,18 @@ def test_a_suffix_match_never_wraps_around_the_buffers_start():
     draft = speculate(sequences, np.array([7, 7]), max_depth=24, max_spec_tokens=24, max_spec_factor=1.0,
                       max_spec_offset=0.0, min_token_prob=0.1)
     assert (draft.token_ids, draft.match_len, draft.score) == ([3], 1, 0.5)
+
+
+def test_hd_asks_no_later_database_once_it_has_num_candidates():
+    # HD model/hierachy/decoding.py:127-152: after each database, 7 (num_candidates) or more candidates end the
+    # search. The draft alone cannot show it (the list is cut to num_candidates anyway), but a database asked
+    # does work, and the statistics one draws pad tokens from HD's random stream.
+    prompt = np.array([9, 5, 6, 9, 7, 8, 9])
+    drafter = make_hd(["model", "context"])  # the model database gives 3 = num_candidates
+    asked = []
+    lookup = drafter.lookup
+    drafter.lookup = lambda database, context_ids, limit: asked.append(database) or lookup(database, context_ids,
+                                                                                           limit)
+    drafter.begin(prompt)
+    drafter.propose(prompt)
+    assert asked == ["model"]
