@@ -724,11 +724,16 @@ class PlannedArtefact:
         the manifest records), or None when it is whole or there is none. Checked once per plan entry."""
         if not self.cached():
             return None
-        directory = Path(self.directory)
+        manifest_file = Path(self.directory) / MANIFEST
+        if not manifest_file.is_file():
+            return f"no {MANIFEST}"
         try:
-            return verify_files(directory, read_manifest(directory, "artefact", "it is rebuilt"))
-        except SpecbenchError as error:
-            return str(error)
+            manifest = json.loads(manifest_file.read_text())
+        except Exception as error:  # whatever the reading raised: the manifest is damaged
+            return f"{MANIFEST}: {damage_reason(error)}"
+        if not isinstance(manifest, dict):
+            return f"{MANIFEST} is not a JSON object"
+        return verify_files(Path(self.directory), manifest)
 
     def ready(self) -> bool:
         """Cached and whole: nothing to do."""
