@@ -100,7 +100,8 @@ def mean_accepted_tokens(accept_lengths: Iterable[int]) -> float:
     >>> mean_accepted_tokens([0, 3, 1])  # a prefill that settled nothing is not a step
     2.0
     """
-    return float(np.mean([length for length in accept_lengths if length > 0]))
+    steps = [length for length in accept_lengths if length > 0]
+    return float(np.mean(steps)) if steps else float("nan")  # NaN, not numpy's warning, for no steps at all
 
 
 def acceptance_rate(accepted_draft_tokens: int, drafted_tokens: int) -> float | None:

@@ -12,7 +12,7 @@ from conftest import ScriptedDrafter, greedy_reference
 import specbench.decoding.loop as loop
 from specbench.decoding.contract import Draft
 from specbench.targets.kv_cache import TreeKVCache
-from specbench.decoding.loop import Decoder, FencedClock
+from specbench.decoding.loop import Decoder, FencedClock, VerifyShapes
 from specbench.targets.transformers import TransformersTarget
 from specbench.decoding.plan import plan_verification
 from specbench.decoding.sampling import Sampling
@@ -370,6 +370,14 @@ def test_a_tree_step_records_the_trees_depth_not_its_node_count(tiny, prompt_ids
     assert prefill.accepted_tokens == (0 if first_draft_from_prompt else 1)
     expected = expected_tree_steps(max_new_tokens, window, first_draft_from_prompt)
     assert recorded(generation) == expected
+    # The other per-step inputs of the metrics and the throughput model: step numbers (the prefill is step 0),
+    # the tokens verified (root + nodes) and the context each step met.
+    assert [step.step for step in generation.steps] == list(range(len(generation.steps)))
+    assert prefill.verify_tokens == prefill.context_len == len(ids) - first_draft_from_prompt
+    generated = 0 if first_draft_from_prompt else 1
+    for step, (_, drafted, _, accepted) in zip(generation.steps[1:], expected):
+        assert (step.verify_tokens, step.context_len) == (1 + drafted, len(ids) + generated)
+        generated += accepted
     assert expected[0][:3] == (5, 8 + 3 * window, 8)  # a full tree: 5 deep, 8 candidate nodes
     assert any(depth < 5 for depth, *_ in expected)  # and the budget's cuts were met
 
@@ -379,16 +387,20 @@ def test_a_chain_step_records_the_chains_length(tiny, prompt_ids, mode, length, 
     ids, max_new_tokens, max_draft_tokens = prompt_ids[1], 17, 6
     reference = continuation(tiny, ids, max_new_tokens + length)
     drafter = ScriptedDrafter(reference, length, mode=mode, empty_every=empty_every)
-    generation = Decoder(tiny.backend, frozenset(), max_draft_tokens).generate(ids, drafter, max_new_tokens)
+    shapes = VerifyShapes([0, 1, 4, 4])  # 2 and 3 tokens are verified as 4: padding, which is no draft token
+    generation = Decoder(tiny.backend, frozenset(), max_draft_tokens, verify_shapes=shapes).generate(
+        ids, drafter, max_new_tokens)
     assert generation.token_ids == reference[:max_new_tokens]
-    generated, expected = 1, []
+    generated, expected, verified = 1, [], []
     for call in range(1, len(generation.steps)):
         room = max_new_tokens - generated - 1
         # The loop verifies at most max_draft_tokens, and no more than the tokens left but the bonus.
         depth = 0 if empty_every and call % empty_every == 0 else min(length, max_draft_tokens, room)
         accepted = (depth if mode == "right" else 0) + 1
         expected.append((depth, depth, depth, accepted))
+        verified.append((4 if depth + 1 in (2, 3) else depth + 1, len(ids) + generated))
         generated += accepted
     assert generated == max_new_tokens
     assert recorded(generation) == expected
+    assert [(step.verify_tokens, step.context_len) for step in generation.steps[1:]] == verified
     assert {depth for depth, *_ in expected} >= ({0, 6} if empty_every else {min(length, 6)})
