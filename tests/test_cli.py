@@ -110,6 +110,12 @@ def test_spec_bench_speed_py_gives_the_summarys_mat_on_the_answer_file(finished_
         assert sum(choice["decoding_steps"]) == len(choice["accept_lengths"]) == len(record["specbench"]["draft_depths"])
         turns = len(prefills[prefills.question_id == record["question_id"]])
         assert len(choice["accept_lengths"]) == len(steps[steps.question_id == record["question_id"]]) - turns
+    # vLLM's histogram: each answer's own, summed in the summary, one count per step that verified a draft.
+    histograms = [record["specbench"]["acceptance_histogram"] for record in answers]
+    width = max(map(len, histograms))
+    summed = [sum(histogram[j] for histogram in histograms if j < len(histogram)) for j in range(width)]
+    assert summary["tasks"]["overall"]["acceptance_histogram"] == summed
+    assert sum(summed) == int((steps.draft_depth > 0).sum()) > 0
 
 
 def test_rerun_resumes_without_redoing_or_duplicating(finished_run, tmp_path):
