@@ -316,7 +316,7 @@ def run_shape(tiny, prompt_ids, shape):
     return answer, answer.to_record(Prompt(1, "qa", "qa", ("q",) * len(answer.steps)), "tiny", None)
 
 
-RUN_SHAPES = [("pld", 16), ("recycling", 16), ("lookahead", 16), ("chain", 12), ("rejected", 9),
+RUN_SHAPES = [("pld", 12), ("recycling", 12), ("lookahead", 16), ("chain", 12), ("rejected", 9),
               ("long and empty", 7), ("tree", 11), ("pld", 1), ("chain", 1)]  # 1 token: no decoding step, or
 # (first_draft_from_prompt) one whose draft the budget cuts to nothing
 
