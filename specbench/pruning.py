@@ -153,12 +153,34 @@ def check_distillation_corpus(corpus: str, distill_tokens: int) -> None:
         checked_corpus(corpus)
 
 
+# The numbers of a drafter's ``pruned`` entry (build_pruned_draft's keyword arguments): the least each may be.
+_PRUNED_COUNTS = {"distill_tokens": 0, "block_size": 1, "batch_size": 1, "seed": 0}
+
+
+def check_pruned_settings(settings: dict) -> None:
+    """The numbers of a drafter's ``pruned`` entry, checked before anything is planned or built, in one line
+    naming the key: counts that are ints (not bools, fractions, strings, inf or nan), a finite positive lr,
+    and layers a count or a list of layer indices (their range is checked against the target by select_layers)."""
+    layers = settings.get("layers")
+    entries = layers if isinstance(layers, (list, tuple)) else [layers]
+    if not entries or not all(isinstance(layer, int) and not isinstance(layer, bool) for layer in entries):
+        raise SpecbenchError(f"pruned.layers must be a number of layers or a list of layer indices, got {layers!r}")
+    for key, least in _PRUNED_COUNTS.items():
+        value = settings.get(key, least)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise SpecbenchError(f"pruned.{key} must be an integer >= {least}, got {value!r}")
+    lr = settings.get("lr", 3e-4)
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
+        raise SpecbenchError(f"pruned.lr must be a number > 0, not inf or nan, got {lr!r}")
+
+
 def planned_pruned_draft(target, directory: Path, settings: dict, command: str) -> list:
     """What ``pruned_draft`` looks up, as plan entries: the target's answers when it distils on them (unless the
     draft is cached) and the draft."""
     from specbench.artefacts import PlannedArtefact, relative_size
     from specbench.target_answers import planned_answers, resolve_prompts
 
+    check_pruned_settings(settings)
     tokens = int(settings.get("distill_tokens", 0))
     scale = relative_size(target)
     draft = PlannedArtefact(
@@ -271,6 +293,7 @@ def pruned_draft(target, directory: Path, settings: dict, given: bool, command: 
     in one line naming ``command`` (default: scripts/prune_draft.py's), what builds it ahead of time."""
     from specbench.artefacts import announce_build, load_or_rebuild
 
+    check_pruned_settings(settings)
     rebuild = f"rebuild it with `{rebuild_command(target, directory, settings)}`"
 
     def load() -> torch.nn.Module:

@@ -249,3 +249,35 @@ def test_a_bad_eagle3_head_count_is_refused_naming_the_key(eagle3_head_directory
     (copy / "config.json").write_text(json.dumps(config))
     message = refusal(load_eagle_head, target, str(copy), "eagle3")
     assert key in message and repr(value) in message, message
+
+
+# ---- the numbers of a drafter's pruned drafts (drafts_by_family.<family>.pruned) ---------------------------------
+
+
+def pruned_cases():
+    """(config, family, key) for every number of every pruned entry in conf/drafter."""
+    for name in DRAFTERS:
+        families = OmegaConf.to_container(drafter_yaml(name), resolve=False).get("drafts_by_family") or {}
+        for family, spec in families.items():
+            for key, value in ((spec or {}).get("pruned") or {}).items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    yield name, family, key
+
+
+@pytest.mark.parametrize("name, family, key", sorted(set(pruned_cases())))
+def test_a_bad_pruned_draft_number_is_refused_naming_the_key(tiny, tmp_path, monkeypatch, name, family, key):
+    from specbench.drafters.draft_model import DraftModel
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    spec = OmegaConf.to_container(drafter_yaml(name), resolve=False)["drafts_by_family"][family]["pruned"]
+    for value in BAD["count"]:
+        drafter = DraftModel(drafts_by_family={"tiny-random": {"pruned": {**spec, key: value}}})
+        for call in (drafter.artefacts, drafter.prepare):  # the plan and the build
+            message = refusal(call, tiny)
+            assert f"pruned.{key}" in message and repr(value) in message, message
+    assert not any(tmp_path.iterdir())  # refused before anything was built
+
+
+def test_the_pruned_cases_cover_the_configs():
+    keys = {key for _, _, key in pruned_cases()}
+    assert keys == {"layers", "distill_tokens"}
