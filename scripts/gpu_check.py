@@ -233,7 +233,8 @@ def lossless_verdict(name: str, decodes: list, references: list[tuple[list[int],
         mismatch = diagnose([generation.token_ids], [reference], [(generation.top_ids, generation.top_logits)],
                             [reference_top], tolerance, exact=True)
         if mismatch is not None:
-            found = f"prompt {index} at token {mismatch.index} (margins {mismatch.method_margin}, {mismatch.baseline_margin})"
+            found = (f"prompt {index} at token {mismatch.index} "
+                     f"(margins {mismatch.method_margin}, {mismatch.baseline_margin})")
             (near_ties if mismatch.kind == "near_tie" else violations).append(found)
     label = f"1 lossless float32 {name}"
     if violations:

@@ -301,6 +301,8 @@ def test_a_gpu_job_uses_nccl_one_gpu_per_process_and_refuses_more_processes_than
     with pytest.raises(SpecbenchError, match=r"2 processes, one per GPU, but torch sees 1 GPU\(s\)") as refused:
         Processes.from_environment("auto", "cuda")
     assert fake.backend is None and "\n" not in str(refused.value)
+    with pytest.raises(SpecbenchError, match="every process takes the GPU of its LOCAL_RANK"):
+        Processes.from_environment("auto", "cuda:0")  # one GPU named for every process
 
 
 def test_a_cpu_job_whose_gpus_were_counted_already_is_one_line(monkeypatch):
@@ -360,7 +362,8 @@ def test_shapes_the_processes_cannot_split_are_refused_before_loading(monkeypatc
     monkeypatch.setenv("WORLD_SIZE", str(processes))  # as torchrun sets it; nothing here joins a process group
     loads = []
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *args, **kwargs: loads.append(args))
-    with pytest.raises(SpecbenchError, match=f"over {processes} processes cannot split its {named}: .*{fits}") as refused:
+    refusal = f"over {processes} processes cannot split its {named}: .*{fits}"
+    with pytest.raises(SpecbenchError, match=refusal) as refused:
         build(compose(["model=tiny-random", "model.tp_plan=auto", *overrides]).model, device="cpu")
     assert "\n" not in str(refused.value) and not loads  # refused before any weights were loaded
 

@@ -36,7 +36,8 @@ class Placement:
         processes = world_size()
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         heads = getattr(text, "num_attention_heads", None)
-        shapes = {"num_attention_heads": heads, "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
+        shapes = {"num_attention_heads": heads,
+                  "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
                   "vocab_size": getattr(text, "vocab_size", None)}
         shapes = {key: int(value) for key, value in shapes.items() if isinstance(value, int) and value > 0}
         uneven = {key: value for key, value in shapes.items() if value % processes}
