@@ -7,6 +7,7 @@ on), 1 a bug (with its traceback).
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -172,7 +173,8 @@ def _run_main() -> None:
             if not _print_refusal(error):
                 raise
             sys.exit(USER_ERROR)
-        refusal = storage_refusal(error, what="create")
+        # A run directory under a file (or a file where it should be) is the run directory's problem, said as such.
+        refusal = None if error.errno in (errno.ENOTDIR, errno.EEXIST) else storage_refusal(error, what="create")
         if refusal is not None:
             print(f"specbench: error: {refusal}", file=sys.stderr)
         else:
