@@ -437,9 +437,7 @@ def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, s
                 out_of_memory = gpu_memory.out_of_memory_record(error, model.devices, prompt.question_id, which.name,
                                                                 len(first_turn_ids(model, prompt)))
             if out_of_memory is not None:  # the traceback is gone: what the failed step held can be freed
-                gpu_memory.release_cached_memory(model.devices)
-                log.warning("skipping %s", out_of_memory["reason"])
-                run_dir.skip(prompt, out_of_memory.pop("reason"), cause="out_of_memory", details=out_of_memory)
+                _skip_out_of_memory(model, run_dir, prompt, out_of_memory)
                 bar.update(1)
                 continue
             other_cores = meter.stop()
@@ -571,12 +569,10 @@ def _restore_drafter_state(drafter: Drafter, run_dir: RunDirectory, finished: se
     state, seen = saved
     try:
         drafter.restore(state)
-    except SpecbenchError as error:
-        raise SpecbenchError(f"{run_dir.drafter_state_file} is damaged ({error}); remove it to start the drafter's "
+    except Exception as error:  # the drafter's own refusal, or arrays missing or misshapen in a file numpy read
+        reason = str(error) if isinstance(error, SpecbenchError) else f"{type(error).__name__}: {damage_reason(error)}"
+        raise SpecbenchError(f"{run_dir.drafter_state_file} is damaged ({reason}); remove it to start the drafter's "
                              "state afresh") from None
-    except Exception as error:  # arrays missing or of another shape in a file that numpy read: damaged as well
-        raise SpecbenchError(f"{run_dir.drafter_state_file} is damaged ({type(error).__name__}: "
-                             f"{damage_reason(error)}); remove it to start the drafter's state afresh") from None
     if seen != {str(question) for question in finished}:
         log.warning("%s: the saved drafter state has seen %d of the %d finished questions (the run was stopped "
                     "while saving); the resumed questions may differ slightly from an uninterrupted run's",
@@ -628,11 +624,17 @@ def _warm_up_on_one_that_fits(settings: RunSettings, model: LoadedModel, decoder
             return pending
         except _WarmUpOutOfMemory as failure:
             record = failure.record
-        gpu_memory.release_cached_memory(model.devices)  # the traceback is gone: what the pass held can be freed
-        log.warning("skipping %s", record["reason"])
-        run_dir.skip(pending[0], record.pop("reason"), cause="out_of_memory", details=record)
+        _skip_out_of_memory(model, run_dir, pending[0], record)  # outside the except: the traceback is gone
         pending = pending[1:]
     return pending
+
+
+def _skip_out_of_memory(model: LoadedModel, run_dir: RunDirectory, prompt: Prompt, record: dict) -> None:
+    """Record ``prompt`` as skipped for running out of GPU memory (``record``: gpu_memory.out_of_memory_record) and
+    free what the failed pass held; called once its traceback, which keeps those tensors alive, is gone."""
+    gpu_memory.release_cached_memory(model.devices)
+    log.warning("skipping %s", record["reason"])
+    run_dir.skip(prompt, record.pop("reason"), cause="out_of_memory", details=record)
 
 
 def _warm_up(settings: RunSettings, model, decoder: Decoder, drafter, baseline, pending: list[Prompt],

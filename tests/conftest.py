@@ -58,6 +58,17 @@ def prompt_ids(tiny):
     return [tiny.encode_conversation([text], []) for text in PROMPTS]
 
 
+def refusal(call, *args, **kwargs) -> str:
+    """The one-line SpecbenchError that ``call(*args, **kwargs)`` raises (a test fails on a second line)."""
+    from specbench.errors import SpecbenchError
+
+    with pytest.raises(SpecbenchError) as error:
+        call(*args, **kwargs)
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
 def greedy_reference(model, prompt_ids, max_new_tokens, eos_token_ids=()):
     """Plain greedy decoding by transformers, the independent reference for losslessness."""
     eos = list(eos_token_ids) or None

@@ -62,6 +62,13 @@ def finished_run(tmp_path_factory) -> Path:
     return path
 
 
+def refused_resume(path) -> str:
+    """The refusal of resuming the run in ``path`` with one more question."""
+    with pytest.raises(SpecbenchError) as refused:
+        runner.run_benchmark(compose([*TINY, "task.limit_per_task=2"]), str(path))
+    return str(refused.value)
+
+
 def test_run_json_records_the_placement(finished_run):
     settings = json.loads((finished_run / "run.json").read_text())
     backend = "onednn" if OneDNNLinear.supported() else "aten"  # run.linear_backend=auto on a float32 CPU model
@@ -73,9 +80,7 @@ def test_resuming_a_one_process_run_with_two_processes_is_refused_before_loading
     before = snapshot(finished_run)
     as_two_processes(monkeypatch)
     monkeypatch.setattr(tiny_module, "build_tiny_random", must_not_load)
-    with pytest.raises(SpecbenchError) as refused:
-        runner.run_benchmark(compose([*TINY, "task.limit_per_task=2"]), str(finished_run))
-    message = str(refused.value)
+    message = refused_resume(finished_run)
     assert "processes: 1 -> 2" in message and "\n" not in message
     assert snapshot(finished_run) == before
 
@@ -87,9 +92,7 @@ def test_resuming_on_other_linear_kernels_is_refused_after_loading(finished_run,
         pytest.skip("this torch build has no oneDNN linear primitive: auto is aten everywhere")
     before = snapshot(finished_run)
     monkeypatch.setattr(OneDNNLinear, "supported", staticmethod(lambda: False))
-    with pytest.raises(SpecbenchError) as refused:
-        runner.run_benchmark(compose([*TINY, "task.limit_per_task=2"]), str(finished_run))
-    assert "linear_backend_used: 'onednn' -> 'aten'" in str(refused.value)
+    assert "linear_backend_used: 'onednn' -> 'aten'" in refused_resume(finished_run)
     assert snapshot(finished_run) == before
 
 
@@ -99,9 +102,7 @@ def test_resuming_a_run_recorded_before_its_placement_is_one_line_naming_the_mis
     shutil.copytree(finished_run, old)
     strip_placement(old)
     monkeypatch.setattr(tiny_module, "build_tiny_random", must_not_load)
-    with pytest.raises(SpecbenchError) as refused:
-        runner.run_benchmark(compose([*TINY, "task.limit_per_task=2"]), str(old))
-    message = str(refused.value)
+    message = refused_resume(old)
     assert "recorded before specbench kept how a run is placed" in message and "\n" not in message
     assert "lacks processes, placement, devices, linear_backend_used" in message
 

@@ -15,8 +15,9 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
+from conftest import refusal
+
 from specbench.config import compose, group_options
-from specbench.errors import SpecbenchError
 from specbench.runner import build
 
 # lookups keyed by model or family: their entries are the loaders' (pruned drafts, trained heads), not settings
@@ -86,14 +87,6 @@ def typed_keys(name: str) -> list[tuple[str, str]]:
 
 
 DRAFTERS = sorted(path.stem for path in CONF.glob("*.yaml"))
-
-
-def refusal(call, *args, **kwargs) -> str:
-    with pytest.raises(SpecbenchError) as error:
-        call(*args, **kwargs)
-    message = str(error.value)
-    assert "\n" not in message, message
-    return message
 
 
 def with_value(name: str, key: str, value):

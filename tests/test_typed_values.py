@@ -7,19 +7,12 @@ import math
 
 import pytest
 
+from conftest import refusal
+
 from specbench import machine
 from specbench.config import check_config, compose
-from specbench.errors import SpecbenchError
 from specbench.models.tiny import build_tiny_random, check_tiny_random, tiny_parameter_count
 from specbench.settings import MAX_SEED, RunSettings
-
-
-def refusal(call, *args, **kwargs) -> str:
-    with pytest.raises(SpecbenchError) as error:
-        call(*args, **kwargs)
-    message = str(error.value)
-    assert "\n" not in message, message
-    return message
 
 
 # the run group: key -> (bad values, a good value)
