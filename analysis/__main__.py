@@ -58,7 +58,7 @@ from analysis.runs import load_runs, read_spec_bench, untrusted_runs  # noqa: E4
 from analysis.tables import acceptance_table, leaderboard, render, render_acceptance  # noqa: E402
 from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirements_text,  # noqa: E402
                                  token_costs)
-from specbench.data import TASKS  # noqa: E402
+from specbench.questions import TASKS  # noqa: E402
 from specbench.errors import SpecbenchError, storage_refusal  # noqa: E402
 
 USER_ERROR = 2  # as specbench's own entry point: a problem with the input, explained in one line

@@ -5,7 +5,7 @@
     table = compare_table(questions, select_published("spec-bench"))
     print(compare_text(table, questions, published))
 
-The measured numbers are the leaderboard's (``analysis.tables.leaderboard``: ``specbench.metrics``' speedup and
+The measured numbers are the leaderboard's (``analysis.tables.leaderboard``: ``specbench.measure.metrics``' speedup and
 MAT, averaged over repeats), never recomputed here. A measured configuration is set beside every published
 table that has a number for its drafter; when some of those tables are of the run's own model, only those.
 
@@ -40,7 +40,7 @@ from analysis.figures import method_style
 from analysis.published import parse_settings
 from analysis.runs import _flatten, _text, drafter_settings, run_settings
 from analysis.tables import leaderboard
-from specbench.data import TASKS
+from specbench.questions import TASKS
 from specbench.errors import SpecbenchError
 from specbench.records import read_json_file
 

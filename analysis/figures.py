@@ -21,7 +21,7 @@ import pandas as pd
 from analysis.runs import run_settings
 from analysis.tables import run_task_stats
 from analysis.throughput import COST_PARTS, WAYS, deviation_summary, model_table, token_costs
-from specbench.data import TASKS
+from specbench.questions import TASKS
 from specbench.records import read_json_file
 
 DATABASES = ("context", "model", "statistics")

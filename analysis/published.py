@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.data import TASKS
+from specbench.questions import TASKS
 from specbench.errors import SpecbenchError
 
 COLUMNS = ("source", "reference", "hardware", "hardware_match", "model", "dtype", "temperature", "question_set",

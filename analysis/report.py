@@ -22,7 +22,7 @@ from analysis.tables import (ACCEPTANCE_LEGEND, acceptance_cells, acceptance_hea
                              leaderboard)
 from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirement_notes, requirements,
                                  shown_requirements, shown_token_costs, token_cost_notes, token_costs)
-from specbench.data import TASKS
+from specbench.questions import TASKS
 from specbench.errors import SpecbenchError
 
 STYLE = f"""
@@ -218,7 +218,7 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
                      leaderboard_section(questions),
                      "<h2>Acceptance and latency</h2>",
                      "<p class='note'>The figures other tools report, under their names and definitions "
-                     "(specbench/metrics.py; docs/measurement.md says where they part).</p>",
+                     "(specbench/measure/metrics.py; docs/measurement.md says where they part).</p>",
                      acceptance_section(questions)]
         with tempfile.TemporaryDirectory() as scratch:
             sections.append(compare_section(questions, select_published("spec-bench"), Path(scratch)))

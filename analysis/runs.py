@@ -37,8 +37,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from specbench import metrics
-from specbench.data import task_of
+from specbench.measure import metrics
+from specbench.questions import task_of
 from specbench.errors import SpecbenchError, damage_reason
 from specbench.records import (BASELINE_ANSWER, SPEC_BENCH_METHOD, STEP_COLUMNS, SUMMARY_KEYS,
                                SUPPORTED_SCHEMAS, LineKind, question_key, read_json_file, read_jsonl_records,
@@ -571,7 +571,7 @@ def record_task(record: dict) -> str:
 def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) -> list[dict]:
     """Per-question rows from model_answer records (specbench's or Spec-Bench's schema). Tokens are the
     recorded new_tokens on both sides, so method and baseline are counted the same way; rates come from
-    ``specbench.metrics``. Keys that only specbench's records carry (task, identical, mismatch, drafted) are
+    ``specbench.measure.metrics``. Keys that only specbench's records carry (task, identical, mismatch, drafted) are
     None when absent, except the task, which then follows from the category."""
     by_id = {question_key(record["question_id"]): record for record in baseline or []}
     info = {"trustworthy": None, "timing_warnings": "", **info}

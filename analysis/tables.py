@@ -3,7 +3,7 @@ selection of runs, as Markdown, LaTeX or CSV; repeated runs of one configuration
 deviation. Overall, it also counts the questions whose output is identical to the baseline's and, of the
 others, those that first differ at a near-tie or by a violation (summed over repeated runs).
 
-Every statistic comes from ``specbench.metrics`` (Spec-Bench's definitions): speedup is tokens/s per
+Every statistic comes from ``specbench.measure.metrics`` (Spec-Bench's definitions): speedup is tokens/s per
 question (all turns), averaged over questions, method over baseline; MAT is the mean over all steps, the
 prefill included, of the tokens accepted per target forward pass (bonus token included).
 
@@ -18,13 +18,13 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import TIMING_OK, TIMING_UNCHECKED, TIMING_UNTRUSTED, timing_flag, timing_warnings_text
-from specbench import metrics
-from specbench.data import TASKS
+from specbench.measure import metrics
+from specbench.questions import TASKS
 
 STATS = ("speedup", "mat")
 TPOT_KEYS = ("tpot_ms", *(f"tpot_p{percentile}_ms" for percentile in metrics.TPOT_PERCENTILES))
 SHOWN_POSITIONS = 4  # draft positions the acceptance table shows (summary.json and the CSV hold them all)
-# The acceptance table's columns: (statistic of run_task_stats, its header). Definitions: specbench.metrics.
+# The acceptance table's columns: (statistic of run_task_stats, its header). Definitions: specbench.measure.metrics.
 ACCEPTANCE_COLUMNS = (
     ("speedup", "speedup (ratio of means)"),
     ("speedup_mean_of_ratios", "speedup (mean of ratios)"),

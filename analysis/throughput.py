@@ -38,7 +38,7 @@ import pandas as pd
 from analysis.runs import flat_settings, read_run_json, read_summary, timing_flag
 from specbench.decoding.budget import interpolate_latency
 from specbench.errors import SpecbenchError
-from specbench.metrics import accepted_per_decoding_step
+from specbench.measure.metrics import accepted_per_decoding_step
 from specbench.records import read_json_file
 from specbench.run_identity import PLACEMENT_KEYS
 

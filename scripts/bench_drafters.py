@@ -10,7 +10,7 @@ ending in ``+budget`` (or ``+pad``) is the drafter with specbench's draft budget
 speedup (the fastest method of each task marked), mean accepted tokens (MAT), acceptance rate, questions
 identical to AR (with how many of the others differ at a near-tie or by a violation), all read from each
 run's summary.json, and tokens verified and drafting milliseconds per decoding step (prefill excluded) from
-its steps.parquet. Every one is defined in ``specbench.metrics``. Last, the accepted draft tokens by source
+its steps.parquet. Every one is defined in ``specbench.measure.metrics``. Last, the accepted draft tokens by source
 (for drafters that label their nodes) and where an accepted token's time goes, per method: the throughput
 model's terms per accepted token (``analysis.throughput.token_costs``), which show what limits each method.
 
@@ -42,9 +42,9 @@ import pandas as pd  # noqa: E402  (after the interrupt handler, on purpose)
 from analysis.runs import load_questions, load_steps  # noqa: E402
 from analysis.tables import exactness_cell  # noqa: E402
 from analysis.throughput import token_costs  # noqa: E402
-from specbench import metrics  # noqa: E402
+from specbench.measure import metrics  # noqa: E402
 from specbench.config import compose  # noqa: E402
-from specbench.data import TASKS  # noqa: E402
+from specbench.questions import TASKS  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.records import read_answers  # noqa: E402
 from specbench.runner import run_benchmark  # noqa: E402

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 
 from specbench.config import compose  # noqa: E402
-from specbench.data import TASKS, read_questions, select_questions  # noqa: E402
+from specbench.questions import TASKS, read_questions, select_questions  # noqa: E402
 from specbench.decoding.loop import Decoder  # noqa: E402
 from specbench.drafters.ar import NoDraft  # noqa: E402
 from specbench.drafters.pld import PromptLookup  # noqa: E402

@@ -11,7 +11,7 @@ speedup are printed beside specbench's (from summary.json), with the differences
 MAT and the method's tokens/s agree. The baseline's tokens/s, and so the speedup, differ because speed.py
 counts the baseline's tokens by re-tokenising its answer text (tokens minus one, per turn) while it takes the
 method's recorded new_tokens; specbench counts the generated token ids (new_tokens) on both sides. The second
-table shows the baseline's token counts both ways, and the speedup that ``specbench.metrics`` gives when fed
+table shows the baseline's token counts both ways, and the speedup that ``specbench.measure.metrics`` gives when fed
 the re-tokenised counts, which is speed.py's.
 
 A half-written last answer line (a run killed mid-write) is left out, for speed.py too (it is given copies
@@ -40,7 +40,7 @@ import pandas as pd  # noqa: E402  (after the interrupt handler, on purpose)
 
 from analysis.runs import (BASELINE_NEEDS, METHOD_NEEDS, check_answer_records, read_jsonl,  # noqa: E402
                            read_summary, record_task)
-from specbench import metrics  # noqa: E402
+from specbench.measure import metrics  # noqa: E402
 from specbench.errors import SpecbenchError, refusing_writes  # noqa: E402
 
 

@@ -7,7 +7,7 @@
 
 Rows: (1) float32 losslessness of every drafter config on tiny-random against transformers' greedy generate();
 (2) float16 / bfloat16 runs of every drafter against the AR decode of the same model, differences classified by
-``specbench.mismatch`` (near-tie or violation); (3) a 7B-shaped random Llama in float16 built on the device: memory
+``specbench.measure.mismatch`` (near-tie or violation); (3) a 7B-shaped random Llama in float16 built on the device: memory
 after load, after a 2,000-token prefill and after an 80-node verify, verify latency for q=1..80 at a 1k context,
 device round trips per step, draft/verify/overhead shares of PLD and Token Recycling's 80-node tree; (4) accelerate's
 device_map and transformers' tensor parallelism (``torchrun``) against one device. On a CPU the 7B shape is replaced
@@ -222,7 +222,7 @@ def lossless_verdict(name: str, decodes: list, references: list[tuple[list[int],
     difference is classified as row 2 classifies them: a near-tie (both passes preferred their own token by at
     most float32's tolerance, as a GPU's kernels for a different number of query tokens may order them) is
     reported as such and passes; anything else is a violation and fails."""
-    from specbench.mismatch import DEFAULT_TOLERANCE, diagnose
+    from specbench.measure.mismatch import DEFAULT_TOLERANCE, diagnose
 
     tolerance = DEFAULT_TOLERANCE["float32"]
     near_ties, violations = [], []
@@ -250,7 +250,7 @@ def lossless_verdict(name: str, decodes: list, references: list[tuple[list[int],
 
 
 def half_precision_row(check: Check, dtype: str):
-    from specbench.mismatch import DEFAULT_TOLERANCE, diagnose
+    from specbench.measure.mismatch import DEFAULT_TOLERANCE, diagnose
 
     names = drafter_names()
     model = tiny(check.device, dtype)
@@ -290,7 +290,7 @@ def build_big(check: Check):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specbench.models.loaded import finish_loading
-    from specbench.prompts import ByteTokenizer
+    from specbench.models.prompt_format import ByteTokenizer
 
     shape = BIG_SHAPE if check.cuda else SMALL_SHAPE
     dtype = torch.float16 if check.cuda else torch.float32

@@ -34,7 +34,7 @@ from specbench.artefacts import require_writable  # noqa: E402
 from specbench.config import compose  # noqa: E402
 from specbench.drafters.draft_model import pruned_draft_directory  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
-from specbench.pruning import SELECTIONS, build_pruned_draft  # noqa: E402
+from specbench.training.pruning import SELECTIONS, build_pruned_draft  # noqa: E402
 
 
 def main() -> None:

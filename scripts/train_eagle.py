@@ -8,7 +8,7 @@ prompt set, and save it where drafter=eagle / eagle2 / eagle3 look for it.
 
 Without --out the head goes where the drafter looks for the same settings (the specbench cache), so a drafter
 whose heads_by_model entry is ``{trained: {SETTINGS}}`` finds it built; the settings not given take the defaults
-of specbench.eagle_training.Recipe, which are those of conf/drafter/eagle.yaml's and eagle3.yaml's entries for
+of specbench.training.eagle.Recipe, which are those of conf/drafter/eagle.yaml's and eagle3.yaml's entries for
 smollm2-135m: ``--kind eagle3`` alone builds the head drafter=eagle3 uses, ``--kind eagle`` alone the one of
 drafter=eagle and eagle2. Use another directory with drafter.head.path=DIR. An interrupted training resumes from
 its checkpoint when the same command runs again.
@@ -36,7 +36,7 @@ if __name__ == "__main__":
 from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
 
 from specbench.config import compose  # noqa: E402
-from specbench.eagle_training import (  # noqa: E402
+from specbench.training.eagle import (  # noqa: E402
     DEFAULT_TRAIN_STEPS,
     KINDS,
     Recipe,

@@ -15,7 +15,7 @@ from hydra._internal.utils import _locate
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from specbench.data import check_selection
+from specbench.questions import check_selection
 from specbench.errors import SpecbenchError
 from specbench.settings import RunSettings, method_name
 

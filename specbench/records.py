@@ -42,11 +42,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specbench import metrics
-from specbench.data import HUB_PREFIX, SAMPLE_QUESTIONS, TASKS, Prompt, read_questions, select_questions
+from specbench.measure import metrics
+from specbench.questions import HUB_PREFIX, SAMPLE_QUESTIONS, TASKS, Prompt, read_questions, select_questions
 from specbench.errors import SpecbenchError, damage_reason, refusing_writes, storage_refusal
-from specbench.mismatch import KINDS as MISMATCH_KINDS
-from specbench.mismatch import Mismatch
+from specbench.measure.mismatch import KINDS as MISMATCH_KINDS
+from specbench.measure.mismatch import Mismatch
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ SUMMARY_KEYS = ("questions", "identical_to_baseline", "near_ties", "violations",
 class Answer:
     """One decoder's answer to one question: per turn the text, the token ids, the steps, the wall time and
     the target's top-k tokens and logits per generated token (kept in memory for mismatch diagnosis only), and
-    on a GPU the peak memory allocated while it was decoded (``specbench.gpu_memory.peak_bytes``)."""
+    on a GPU the peak memory allocated while it was decoded (``specbench.measure.gpu_memory.peak_bytes``)."""
 
     texts: list[str] = field(default_factory=list)
     token_ids: list[list[int]] = field(default_factory=list)
@@ -121,7 +121,7 @@ class Answer:
         counting the bonus token, so plain decoding gives [1, 1, ...] exactly as Spec-Bench's baseline records
         it, and Spec-Bench's ``evaluation/speed.py`` (the mean of every entry) gives the summary's MAT. The
         ``specbench`` key holds the draft depths parallel to it and vLLM's acceptance histogram of this
-        request (``specbench.metrics.acceptance_histogram``); on a GPU also ``peak_gpu_memory_bytes`` (a CPU
+        request (``specbench.measure.metrics.acceptance_histogram``); on a GPU also ``peak_gpu_memory_bytes`` (a CPU
         answer has no such key).
         """
         passes = [original_passes(steps) for steps in self.steps]
@@ -275,7 +275,7 @@ def question_key(question_id) -> str:
 
 
 def question_id_problem(question_id) -> str | None:
-    """Why ``question_id`` cannot be a question's id, or None: ``specbench.data`` takes integers and strings."""
+    """Why ``question_id`` cannot be a question's id, or None: ``specbench.questions`` takes integers and strings."""
     if isinstance(question_id, bool) or not isinstance(question_id, (int, str, np.integer)):
         return f"has a question_id {_shown(question_id)} that is not an integer or a string"
     return None
@@ -416,9 +416,9 @@ def _specbench_problem(ours, kind: LineKind) -> str | None:
     mismatch = ours.get("mismatch")
     if mismatch is not None:
         if not isinstance(mismatch, dict) or mismatch.get("kind") not in MISMATCH_KINDS:
-            return f"has a specbench.mismatch without a kind ({', '.join(MISMATCH_KINDS)})"
+            return f"has a specbench.measure.mismatch without a kind ({', '.join(MISMATCH_KINDS)})"
         if mismatch["kind"] == "violation" and any(key not in mismatch for key in MISMATCH_FIELDS):
-            return "has a specbench.mismatch violation without its tokens and margins"
+            return "has a specbench.measure.mismatch violation without its tokens and margins"
     contention = ours.get("contention")
     if contention is not None and not (isinstance(contention, dict) and (contention.get("other_cores") is None
                                                                          or _is_seconds(contention["other_cores"]))):
@@ -909,7 +909,7 @@ class RunDirectory:
 
     def write_summary(self, header: dict, timing=None) -> dict:
         """Write and return summary.json: per-task statistics, the questions skipped and why (each record, and
-        how many of each cause), and, given the run's ``specbench.machine.TimingCheck``, whether its timings can
+        how many of each cause), and, given the run's ``specbench.measure.machine.TimingCheck``, whether its timings can
         be trusted."""
         baseline = self.baseline_answers if self.with_baseline else None
         summary = {"schema_version": SCHEMA_VERSION, **header, "tasks": summarize(self.answers, baseline),
@@ -930,9 +930,9 @@ class RunDirectory:
 
 
 def summarize(answers: list[dict], baseline_answers: list[dict] | None) -> dict:
-    """Per-task and overall statistics (``specbench.metrics.group_statistics``: Spec-Bench's definitions),
+    """Per-task and overall statistics (``specbench.measure.metrics.group_statistics``: Spec-Bench's definitions),
     with, when there is a baseline, how many answers are identical to it and how many differ at a near-tie
-    or by a violation (``specbench.mismatch``)."""
+    or by a violation (``specbench.measure.mismatch``)."""
     baseline_by_id = {question_key(record["question_id"]): record for record in baseline_answers or []}
     groups: dict[str, list[dict]] = {}
     for record in answers:
@@ -999,7 +999,7 @@ def format_summary_table(summary: dict) -> str:
         shown = " ".join(f"{share:.2f}" for share in positions[:SHOWN_POSITIONS])
         more = f" (of {len(positions)})" if len(positions) > SHOWN_POSITIONS else ""
         lines.append(f"acceptance by draft position 1-{min(len(positions), SHOWN_POSITIONS)}{more}, overall: {shown}")
-    lines += ["exact = identical / near-tie / violation (see specbench.mismatch); speedup = mean tok/s over mean AR "
+    lines += ["exact = identical / near-tie / violation (see specbench.measure.mismatch); speedup = mean tok/s over mean AR "
               "tok/s (Spec-Bench);",
               "per-q = mean of per-question speedups; MAT = mean accepted tokens per target pass, prefill and bonus "
               "token included;",

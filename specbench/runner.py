@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import specbench
-from specbench import gpu_memory
-from specbench.data import Prompt, read_questions, select_questions
+from specbench.measure import gpu_memory
+from specbench.questions import Prompt, read_questions, select_questions
 from specbench.decoding.budget import DraftBudget, VerifyCost
 from specbench.decoding.contract import Drafter
 from specbench.decoding.loop import Decoder, VerifyShapes
@@ -33,13 +33,13 @@ from specbench.distributed import Processes
 from specbench.models.devices import resolve_device
 from specbench.drafters.ar import NoDraft
 from specbench.errors import SpecbenchError, damage_reason
-from specbench.mismatch import diagnose
+from specbench.measure.mismatch import diagnose
 from specbench.models import LoadedModel
 from specbench.models.devices import driver_version, gpus_listed_by_driver, why_no_cuda
 from specbench.models.loaded import weights_fingerprint
-from specbench.prompts import too_long_for_context
+from specbench.models.prompt_format import too_long_for_context
 from specbench.config import check_config
-from specbench.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
+from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
 from specbench.records import (SCHEMA_VERSION, Answer, RunDirectory, read_json_file, settings_differences,
                                write_atomically)
 from specbench.run_identity import loaded_placement, planned_settings, unrecorded_refusal
@@ -207,7 +207,7 @@ RESULT_GROUPS = {"model": "model_config", "drafter": "drafter", "run": "run", "t
 def question_file_digest(path: str | None) -> str | None:
     """SHA-256 of the question file's content (the built-in sample set's when ``path`` is None; None for a hub
     dataset, whose id and revision name it): an edited file is another benchmark."""
-    from specbench.data import SAMPLE_QUESTIONS
+    from specbench.questions import SAMPLE_QUESTIONS
     from specbench.artefacts import file_digest
 
     if path is None:
@@ -296,7 +296,7 @@ def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt],
 def choose_threads(settings: RunSettings, earlier: dict | None, processes: int = 1) -> tuple[int, TimingCheck]:
     """torch's thread count for this run and what the machine looked like at start. ``run.threads: null`` takes
     the count an earlier session of this run directory used (so the run resumes on equal terms), else one per
-    usable core that other processes leave free (``specbench.machine.safe_threads``). The ``processes`` of one
+    usable core that other processes leave free (``specbench.measure.machine.safe_threads``). The ``processes`` of one
     tensor-parallel run on one machine split its cores between them."""
     cores = usable_cores()
     if processes > 1:

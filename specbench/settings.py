@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from specbench import machine
+from specbench.measure import machine
 from specbench.errors import SpecbenchError
-from specbench.mismatch import DEFAULT_TOLERANCE
+from specbench.measure.mismatch import DEFAULT_TOLERANCE
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -13,7 +13,7 @@ from analysis.runs import load_questions, load_steps, load_summaries, read_spec_
 from analysis.tables import leaderboard, render, run_task_stats
 from analysis.throughput import (deviation_summary, latency_lookup, measured_rate, model_table, requirements,
                                  token_costs)
-from specbench.data import Prompt
+from specbench.questions import Prompt
 from specbench.decoding.loop import StepRecord
 from specbench.records import Answer, RunDirectory
 

@@ -113,7 +113,7 @@ def test_a_run_without_a_readable_steps_parquet_is_a_warning_not_a_traceback(tmp
 def odd_run(path: Path, drafter: str, answered: bool) -> Path:
     """A run directory made as the runner makes one: its only question skipped (``answered`` False), or
     answered with a record but no decoding steps, so its steps.parquet holds no rows either way."""
-    from specbench.data import Prompt
+    from specbench.questions import Prompt
     from specbench.records import Answer, RunDirectory
 
     run = RunDirectory(path, with_baseline=True)

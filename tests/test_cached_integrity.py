@@ -17,7 +17,7 @@ from conftest import PROMPTS
 import specbench.target_answers as answers_module
 from specbench.drafters.draft_model import DraftModel, pruned_draft_directory
 from specbench.errors import SpecbenchError
-from specbench.pruning import build_pruned_draft, prune
+from specbench.training.pruning import build_pruned_draft, prune
 from specbench.target_answers import target_answers
 
 SPEC = {"layers": 1, "selection": "first", "distill_tokens": 0, "corpus": "python-docs"}

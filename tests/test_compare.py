@@ -8,7 +8,7 @@ from analysis.__main__ import main as analysis_main
 from analysis.compare import compare_table, mat_figure, same_hardware
 from analysis.published import COLUMNS, SOURCES, load_published, packaged_file, parse_settings, select_published
 from analysis.runs import load_questions
-from specbench.data import Prompt
+from specbench.questions import Prompt
 from specbench.decoding.loop import StepRecord
 from specbench.errors import SpecbenchError
 from specbench.records import Answer, RunDirectory

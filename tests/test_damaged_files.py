@@ -325,7 +325,7 @@ def test_a_damaged_conversion_record_is_a_damaged_copy(tmp_path, kind):
 @pytest.fixture(scope="module")
 def pruned_draft(tiny, tmp_path_factory):
     """A one-layer pruned copy of the tiny target (no distillation), saved as specbench saves one."""
-    from specbench.pruning import build_pruned_draft
+    from specbench.training.pruning import build_pruned_draft
 
     directory = tmp_path_factory.mktemp("pruned") / "draft"
     build_pruned_draft(tiny, directory, 1, "first", 0, "python-docs")
@@ -336,7 +336,7 @@ def pruned_draft(tiny, tmp_path_factory):
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
 def test_a_damaged_pruned_draft_without_a_manifest_is_one_line(pruned_draft, tmp_path, name, kind):
     """A checkpoint given without manifest.json is loaded unchecked, so the loader's own errors must be one line."""
-    from specbench.pruning import load_pruned_draft
+    from specbench.training.pruning import load_pruned_draft
 
     copy = tmp_path / "draft"
     shutil.copytree(pruned_draft, copy, symlinks=False)

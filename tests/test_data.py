@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from specbench.data import (
+from specbench.questions import (
     MT_BENCH_CATEGORIES,
     TASKS,
     parse_questions,
@@ -90,7 +90,7 @@ def test_a_blank_turn_is_refused_naming_the_question_and_turn(tmp_path, turns, b
 
 
 def test_a_hub_dataset_with_a_blank_turn_is_refused_too(tmp_path, monkeypatch):
-    import specbench.data as data
+    import specbench.questions as data
 
     path = tmp_path / "question.jsonl"
     path.write_text(line(3, "qa", [" "]) + "\n")
@@ -130,7 +130,7 @@ class StubModel:
           "answer; a prompt may have at most 199 tokens (51 fewer), so that at least 1 token can be generated"),
 ])
 def test_a_first_turn_too_long_for_the_context_is_explained(length, message):
-    from specbench.data import Prompt
+    from specbench.questions import Prompt
     from specbench.runner import TurnTooLong, first_turn_ids
 
     prompt = Prompt(7, "qa", "qa", ("question",))
@@ -145,7 +145,7 @@ def test_a_later_turn_too_long_for_the_context_is_explained():
 
     import numpy as np
 
-    from specbench.data import Prompt
+    from specbench.questions import Prompt
     from specbench.runner import TurnTooLong, answer_question
 
     class StubDecoder:

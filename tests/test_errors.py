@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from specbench.config import check_group_keys, compose, group_options
-from specbench.data import read_questions
+from specbench.questions import read_questions
 from specbench.errors import SpecbenchError
 from specbench.settings import RunSettings
 
@@ -836,7 +836,7 @@ def test_a_full_disk_while_torch_saves_a_training_checkpoint_is_one_line_naming_
 
     import torch
 
-    from specbench import eagle_training
+    from specbench.training import eagle as eagle_training
 
     def opening(path, mode="r", *args, **kwargs):
         return FullDisk() if "w" in mode else builtins.open(path, mode, *args, **kwargs)

@@ -15,7 +15,7 @@ from test_samd import EOS, samd
 
 from specbench import runner
 from specbench.config import compose
-from specbench.data import Prompt
+from specbench.questions import Prompt
 from specbench.datastores import prompts as prompt_sets
 from specbench.datastores.model_db import describe_source
 from specbench.decoding.contract import Drafter, StepOutcome

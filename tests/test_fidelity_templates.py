@@ -12,7 +12,7 @@ SB ``evaluation/eval.py:165-176`` @fd2c1cd); an earlier turn's answer is the mes
 import pytest
 
 from specbench.config import compose
-from specbench.prompts import ByteTokenizer, make_prompt_format
+from specbench.models.prompt_format import ByteTokenizer, make_prompt_format
 
 # vicuna_v1.1 (conversation.py:771-781): this system message, roles USER / ASSISTANT, ADD_COLON_TWO with
 # sep " " and sep2 "</s>"; get_prompt (:90-101) writes system + sep, then "ROLE: message" + sep / sep2 by turn

@@ -120,7 +120,7 @@ def test_a_missing_prompt_or_question_file_fails_before_hd_generates_any_answer(
 
 
 def test_an_empty_distillation_corpus_fails_before_pruning(tiny, cache, tmp_path):
-    from specbench.pruning import pruned_draft
+    from specbench.training.pruning import pruned_draft
 
     empty = tmp_path / "empty.txt"
     empty.write_text("")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from specbench import gpu_memory
+from specbench.measure import gpu_memory
 from specbench.config import compose
 from specbench.decoding.contract import Draft
 from specbench.decoding.loop import Decoder
@@ -80,7 +80,7 @@ def test_a_question_out_of_gpu_memory_is_recorded_and_the_run_goes_on(tmp_path, 
 
 
 def test_answers_on_a_cpu_have_no_gpu_memory_key():
-    from specbench.data import Prompt
+    from specbench.questions import Prompt
     from specbench.records import Answer
 
     prompt = Prompt(question_id=1, category="qa", task="qa", turns=("q",))

@@ -1,4 +1,4 @@
-"""The metrics of specbench.metrics on a hand-written run whose every number is worked out below, checked
+"""The metrics of specbench.measure.metrics on a hand-written run whose every number is worked out below, checked
 directly (group_statistics) and through the analysis tables (run_task_stats, leaderboard)."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 from analysis.runs import load_questions, read_spec_bench
 from analysis.runs import fill_draft_depths
 from analysis.tables import acceptance_table, formatted, leaderboard, render, render_acceptance, run_task_stats
-from specbench import metrics
+from specbench.measure import metrics
 
 
 def line(question_id, category, turns, wall_time, drafted=None, identical=None, mismatch=None, task=None, depth=None):
@@ -291,7 +291,7 @@ def run_shape(tiny, prompt_ids, shape):
     from test_loop_phases import KnownTree, continuation
 
     from specbench.config import compose
-    from specbench.data import Prompt
+    from specbench.questions import Prompt
     from specbench.decoding.loop import Decoder
     from specbench.records import Answer
 

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from specbench.decoding.loop import Decoder
 from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
-from specbench.pruning import (
+from specbench.training.pruning import (
     build_pruned_draft,
     distill,
     prune,
@@ -134,7 +134,7 @@ def test_target_answers_are_generated_once_and_cached(tiny, tmp_path, monkeypatc
 
 def test_distilling_on_the_target_answers(tiny, tmp_path, monkeypatch):
     import specbench.target_answers as answers_module
-    from specbench.pruning import TARGET_ANSWERS
+    from specbench.training.pruning import TARGET_ANSWERS
 
     rng = np.random.default_rng(1)
     conversations = [(rng.integers(0, 256, 40).tolist(), rng.integers(0, 256, 60).tolist()) for _ in range(6)]
@@ -145,7 +145,7 @@ def test_distilling_on_the_target_answers(tiny, tmp_path, monkeypatch):
 
 def test_distilling_in_row_slices_equals_whole_batches(tiny, monkeypatch):
     """Large vocabularies make the batch run in slices of rows; the training must not change."""
-    from specbench import pruning
+    from specbench.training import pruning
 
     rng = np.random.default_rng(2)
     documents = [rng.integers(0, 256, 300).tolist() for _ in range(4)]

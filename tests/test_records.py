@@ -3,9 +3,9 @@ import json
 import pandas as pd
 import pytest
 
-from specbench.data import Prompt
+from specbench.questions import Prompt
 from specbench.errors import SpecbenchError
-from specbench.mismatch import Mismatch
+from specbench.measure.mismatch import Mismatch
 from specbench.records import (
     SCHEMA_VERSION,
     STEP_COLUMNS,

@@ -19,7 +19,7 @@ from analysis.display import (MAX_COLUMNS, MISSING, TableLayout, column_groups, 
 from analysis.report import build_report
 from analysis.runs import load_questions, load_steps
 from analysis.throughput import CANNOT, model_table, requirements, requirements_text, shown_requirements
-from specbench.data import TASKS
+from specbench.questions import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER = ROOT / "scripts" / "check_report_layout.py"

@@ -16,7 +16,7 @@ import pytest
 
 from specbench import records
 from specbench.artefacts import file_digest
-from specbench.data import Prompt
+from specbench.questions import Prompt
 from specbench.errors import SpecbenchError
 from specbench.records import (Answer, RunDirectory, StepRecord, append_line, question_key, read_answers,
                                read_steps_file, write_atomically)

@@ -20,7 +20,7 @@ import specbench.models.tiny as tiny_module
 from specbench.artefacts import replace_directory
 from specbench.config import compose, group_options
 from specbench.errors import SpecbenchError
-from specbench.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
+from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
 from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem, gguf_digest
 from specbench.records import format_summary_table, read_answers
 from specbench.runlock import LOCK_NAME, RunLock

@@ -19,7 +19,7 @@ from specbench.drafters.ar import NoDraft
 from specbench.errors import SpecbenchError
 from specbench.models.loaded import parameter_count
 from specbench.models.tiny import tiny_parameter_count
-from specbench.prompts import ChatTemplate
+from specbench.models.prompt_format import ChatTemplate
 
 NEW_MODELS = {  # config -> (hub id, prompt format, family)
     "llama3.1-8b-instruct": ("meta-llama/Llama-3.1-8B-Instruct", "chat_template", "llama3.1"),

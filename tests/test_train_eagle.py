@@ -1,4 +1,4 @@
-"""Training EAGLE heads (specbench/eagle_training.py, scripts/train_eagle.py) on tiny random targets: the batched,
+"""Training EAGLE heads (specbench/training/eagle.py, scripts/train_eagle.py) on tiny random targets: the batched,
 unrolled training forward is what decoding computes, a built head loads back strictly and fits, an interrupted
 build resumes to the very head an uninterrupted one builds, damaged heads are rebuilt or refused in one line, the
 draft vocabulary is the most frequent tokens, and training lowers the loss."""
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-import specbench.eagle_training as training
+import specbench.training.eagle as training
 from specbench.artefacts import read_manifest
-from specbench.eagle_training import (
+from specbench.training.eagle import (
     build_trained_head,
     epoch_batches,
     held_out_acceptance,

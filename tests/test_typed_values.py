@@ -9,7 +9,7 @@ import pytest
 
 from conftest import refusal
 
-from specbench import machine
+from specbench.measure import machine
 from specbench.config import check_config, compose
 from specbench.models.tiny import build_tiny_random, check_tiny_random, tiny_parameter_count
 from specbench.settings import MAX_SEED, RunSettings
@@ -194,6 +194,6 @@ def test_a_good_composed_config_passes(overrides):
 
 
 def test_a_task_path_that_is_not_a_path_is_refused():
-    from specbench.data import read_questions
+    from specbench.questions import read_questions
 
     assert refusal(read_questions, 5) == "task.path must be a question file, hf:owner/dataset[:file.jsonl] or null, got 5"

@@ -37,7 +37,7 @@ from specbench.datastores.model_db import (
 from specbench.datastores.sharegpt import SHAREGPT
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.errors import SpecbenchError
-from specbench.data import SAMPLE_QUESTIONS, read_questions
+from specbench.questions import SAMPLE_QUESTIONS, read_questions
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, drop_overlapping, model_db_prompts
 from specbench.target_answers import planned_answers, target_answers
 

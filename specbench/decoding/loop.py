@@ -57,7 +57,7 @@ class Generation:
     steps:      one record per step (step 0 = the prefill).
     top_ids:    [len(token_ids), k] the target's k highest-scoring tokens at each generated position, under
                 the forward pass that settled it; ``top_logits`` holds their logits. They explain a divergence
-                from another decode of the same prompt (``specbench.mismatch``).
+                from another decode of the same prompt (``specbench.measure.mismatch``).
     """
 
     token_ids: list[int]

@@ -84,7 +84,7 @@ class DraftModel(Drafter):
         spec = self._spec_for(target)
         dtype = DTYPE_NAMES.get(target.dtype, "float32")
         if "pruned" in spec:
-            from specbench.pruning import pruned_draft
+            from specbench.training.pruning import pruned_draft
 
             # Found whole (its files' checksums) or built first, through the artefact layer: a damaged draft in the
             # cache is rebuilt, a damaged one at the user's path is refused in one line.
@@ -135,7 +135,7 @@ class DraftModel(Drafter):
 
     def artefacts(self, target) -> list:
         from specbench.artefacts import prepare_command
-        from specbench.pruning import planned_pruned_draft
+        from specbench.training.pruning import planned_pruned_draft
 
         spec = self._spec_for(target)
         if "pruned" not in spec or spec.get("path"):

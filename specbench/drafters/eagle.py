@@ -200,7 +200,7 @@ class Eagle(Drafter):
 
     def artefacts(self, target) -> list:
         from specbench.artefacts import prepare_command
-        from specbench.eagle_training import planned_head, trained_head_directory
+        from specbench.training.eagle import planned_head, trained_head_directory
         from specbench.target_answers import planned_answers, resolve_prompts
 
         spec = self._spec_for(target)
@@ -221,7 +221,7 @@ class Eagle(Drafter):
 
         spec = self._spec_for(target)
         if "trained" in spec:
-            from specbench.eagle_training import trained_head, trained_head_directory
+            from specbench.training.eagle import trained_head, trained_head_directory
 
             settings = dict(spec["trained"] or {})
             given = bool(spec.get("path"))

@@ -15,7 +15,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 from specbench.models.placement import choose_placement
-from specbench.prompts import check_prompt_arguments
+from specbench.models.prompt_format import check_prompt_arguments
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.devices import checkpoint_dtype, resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 from specbench.models.placement import choose_placement
-from specbench.prompts import check_prompt_arguments
+from specbench.models.prompt_format import check_prompt_arguments
 
 log = logging.getLogger(__name__)
 

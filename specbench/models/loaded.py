@@ -10,7 +10,7 @@ import torch
 
 from specbench.errors import SpecbenchError
 from specbench.models.kernels import use_linear_backend
-from specbench.prompts import PromptFormat, make_prompt_format
+from specbench.models.prompt_format import PromptFormat, make_prompt_format
 from specbench.targets.transformers import TransformersTarget
 
 

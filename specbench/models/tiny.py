@@ -8,11 +8,11 @@ import math
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.machine import available_memory_bytes
+from specbench.measure.machine import available_memory_bytes
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
 from specbench.models.placement import choose_placement, load_placed
-from specbench.prompts import ByteTokenizer, CharTokenizer
+from specbench.models.prompt_format import ByteTokenizer, CharTokenizer
 from specbench.settings import MAX_SEED
 
 # The model is built in float32 on the host first, whatever model.dtype asks for.
