@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,6 +164,25 @@ def test_the_docs_give_hds_model_database_the_time_the_shipped_answers_make_it_t
     seconds = round(SECONDS_PER_ANSWER_SLOT * len(prompts) * hd["max_new_tokens"])
     assert f"{seconds // 60} min {seconds % 60} s" in " ".join(usage.split())
     assert f"({round(seconds / 60)} min if generated)" in hd_row
+
+
+def test_the_pruned_drafts_times_agree_between_first_use_usage_and_the_code():
+    """first_use.md's table and usage.md quote the same times for a pruned draft's first build (the 256-token
+    answers it distils on, the 100k-token distillation), and the code's estimates are built from those times."""
+    from specbench.target_answers import SECONDS_PER_ANSWER_SLOT
+    from specbench.training.pruning import SECONDS_PER_DISTILL_TOKEN
+
+    first_use = " ".join(page("docs/first_use.md").split())
+    usage = " ".join(page("docs/usage.md").split())
+    distill_low, distill_high = (float(x) for x in re.search(
+        r"distilling 100k tokens takes ([\d.]+) to ([\d.]+) minutes", usage).groups())
+    assert f"distilled on 100k tokens | {distill_low:g}-{distill_high:g} min |" in first_use
+    assert SECONDS_PER_DISTILL_TOKEN * 100_000 / 60 == pytest.approx((distill_low + distill_high) / 2)
+
+    prompts = len([line for line in page("specbench/data/model_db_prompts.jsonl").splitlines() if line.strip()])
+    answers_min = round(SECONDS_PER_ANSWER_SLOT * prompts * 256 / 60 * 2) / 2  # to the half minute the docs quote
+    assert f"answers up to 256 tokens (distillation corpus) | {answers_min:g} min |" in first_use
+    assert f"about {answers_min:g} min on 2 cores" in usage
 
 
 # ---- the GPU check and the default suite ------------------------------------------------------------------------
