@@ -103,7 +103,9 @@ class StepRows:
         for row, why in sorted(self.left_out):
             by_why.setdefault(why, []).append(row)
         parts = [f"rows {numbers_text(rows)} {why}" for why, rows in by_why.items()]
-        listed = parts[:SHOWN_PROBLEMS] + ([f"and {len(parts) - SHOWN_PROBLEMS} more"] if len(parts) > SHOWN_PROBLEMS else [])
+        listed = parts[:SHOWN_PROBLEMS]
+        if len(parts) > SHOWN_PROBLEMS:
+            listed.append(f"and {len(parts) - SHOWN_PROBLEMS} more")
         return f"{self.path}: {'; '.join(listed)} ({len(self.left_out)} row(s) left out, not counted)"
 
 
