@@ -42,7 +42,7 @@ from analysis.runs import _flatten, _text, drafter_settings, run_settings
 from analysis.tables import leaderboard
 from specbench.questions import TASKS
 from specbench.errors import SpecbenchError
-from specbench.records import read_json_file
+from specbench.results.readers import read_json_file
 
 AGREEMENT = ("MAT (mean accepted tokens per target pass, bonus token included) counts tokens, not seconds: it "
              "depends on the model, drafter and questions, and also on the method's implementation details and "

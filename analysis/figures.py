@@ -22,7 +22,7 @@ from analysis.runs import run_settings
 from analysis.tables import run_task_stats
 from analysis.throughput import COST_PARTS, WAYS, deviation_summary, model_table, token_costs
 from specbench.questions import TASKS
-from specbench.records import read_json_file
+from specbench.results.readers import read_json_file
 
 DATABASES = ("context", "model", "statistics")
 

@@ -14,7 +14,7 @@ What bad inputs do (every message names the file; none stops the others' tables)
 * a line of answers.jsonl, baseline_answers.jsonl or skipped.jsonl that is not a well-formed record of the
   run (half-written, not JSON, not a record, a repeated question, a question the run's question file does not
   select), a row of steps.parquet of that sort, and the lines and rows of unfinished questions are left out,
-  named in one warning per file, exactly as resuming leaves them out (``specbench.records.read_run_results``);
+  named in one warning per file, exactly as resuming leaves them out (``specbench.results.readers.read_run_results``);
 * one run reached by two paths (a symlink, ``DIR`` and ``./DIR``, a folder and a run inside it) or copied to
   another (the same answer ids) is counted once, with a warning;
 * a run directory whose summary.json or run.json is empty, not JSON, of a schema version this code does not
@@ -40,9 +40,11 @@ import yaml
 from specbench.measure import metrics
 from specbench.questions import task_of
 from specbench.errors import SpecbenchError, damage_reason
-from specbench.records import (BASELINE_ANSWER, SPEC_BENCH_METHOD, STEP_COLUMNS, SUMMARY_KEYS,
-                               SUPPORTED_SCHEMAS, LineKind, question_key, read_json_file, read_jsonl_records,
-                               read_result_lines, read_run_results, record_problem, run_question_ids)
+from specbench.results.question_keys import question_key
+from specbench.results.readers import (read_json_file, read_jsonl_records, read_result_lines, read_run_results,
+                                       run_question_ids)
+from specbench.results.schema import STEP_COLUMNS, SUMMARY_KEYS, SUPPORTED_SCHEMAS
+from specbench.results.validation import BASELINE_ANSWER, SPEC_BENCH_METHOD, LineKind, record_problem
 from specbench.run_identity import PLACEMENT_KEYS, implied_placement
 from specbench.settings import method_name
 
@@ -67,7 +69,7 @@ SCHEMA2_RUN_KEYS = ("max_new_tokens", "temperature", "top_p", "seed", "baseline"
 SCHEMA2_RENAMED = {"question_file": "task.path"}
 # Recorded for the record only: a new commit or patch release of Python does not make another configuration.
 # schema_version is the file's format, not a setting (a schema-2 and a schema-3 run can be repeats).
-NOT_COMPARED = ("schema_version", "environment.git_sha", "environment.python")
+NOT_CONFIGURATION_KEYS = ("schema_version", "environment.git_sha", "environment.python")
 # The software and machine facts that change results, under their run.json (schema 3) names; schema 2 kept
 # them in summary.json's environment, where the device's name is "device" (run.json's "device" is "cpu").
 ENVIRONMENT_KEYS = {"torch": "torch", "transformers": "transformers", "specbench": "specbench",
@@ -229,7 +231,7 @@ def flat_settings(settings: dict, summary_environment: dict | None = None) -> di
             flat[f"environment.{key}"] = _text(value)
     if flat.get("task.content_sha256") not in (None, "null"):
         flat.pop("task.path", None)
-    for key in NOT_COMPARED:
+    for key in NOT_CONFIGURATION_KEYS:
         flat.pop(key, None)
     return flat
 
@@ -314,7 +316,7 @@ def untrusted_runs(frame: pd.DataFrame) -> list[str]:
 
 def answer_record_problem(record, needed: tuple[str, ...]) -> str | None:
     """What keeps ``record`` from being a model_answer record with ``choices[0]``'s ``needed`` lists, or None
-    (``specbench.records.record_problem``, the one check every reader of results shares)."""
+    (``specbench.results.validation.record_problem``, the one check every reader of results shares)."""
     return record_problem(record, LineKind(needed))
 
 
@@ -369,7 +371,7 @@ def _read_run(run_dir: Path, problems: list[str]) -> _Run | None:
     """``run_dir`` read and checked, or None (with the reason appended to ``problems`` and logged) when its
     summary.json or run.json is damaged or of a schema this code does not read: one such run among others is
     left out rather than stopping the tables of the rest. Its answer files and steps are read as resuming
-    reads them (``specbench.records.read_run_results``): lines that are not well-formed records of this run,
+    reads them (``specbench.results.readers.read_run_results``): lines that are not well-formed records of this run,
     repeats and unfinished questions are left out, each file's named in one warning."""
     settings_file = run_dir / "run.json"
     try:
@@ -557,7 +559,7 @@ def load_steps(paths) -> pd.DataFrame:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The records of a run's .jsonl result file that count (``specbench.records.read_jsonl_records``: every
+    """The records of a run's .jsonl result file that count (``specbench.results.readers.read_jsonl_records``: every
     other line, a half-written last one included, is named in one warning and left out)."""
     return read_jsonl_records(path)
 

@@ -39,7 +39,7 @@ from analysis.runs import flat_settings, read_run_json, read_summary, timing_fla
 from specbench.decoding.budget import interpolate_latency
 from specbench.errors import SpecbenchError
 from specbench.measure.metrics import accepted_per_decoding_step
-from specbench.records import read_json_file
+from specbench.results.readers import read_json_file
 from specbench.run_identity import PLACEMENT_KEYS
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from specbench.measure import metrics  # noqa: E402
 from specbench.config import compose  # noqa: E402
 from specbench.questions import TASKS  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
-from specbench.records import read_answers  # noqa: E402
+from specbench.results.readers import read_answers  # noqa: E402
 from specbench.runner import run_benchmark  # noqa: E402
 from specbench.settings import TUNING_SUFFIXES  # noqa: E402
 

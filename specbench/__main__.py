@@ -104,7 +104,8 @@ def main(cfg: DictConfig) -> None:
         opened.append(path)
 
     try:
-        from specbench.records import format_summary_table, read_answers, violation_report
+        from specbench.results.console import format_summary_table, violation_report
+        from specbench.results.readers import read_answers
         from specbench.runner import run_benchmark
 
         summary = run_benchmark(cfg, output_dir, on_open=on_open)

@@ -40,8 +40,11 @@ from specbench.models.loaded import weights_fingerprint
 from specbench.models.prompt_format import too_long_for_context
 from specbench.config import check_config
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
-from specbench.records import (SCHEMA_VERSION, Answer, RunDirectory, read_json_file, settings_differences,
-                               write_atomically)
+from specbench.results._writes import write_atomically
+from specbench.results.readers import read_json_file
+from specbench.results.resumable import resume_refusal
+from specbench.results.run_directory import RunDirectory
+from specbench.results.schema import SCHEMA_VERSION, Answer
 from specbench.run_identity import loaded_placement, planned_settings, unrecorded_refusal
 from specbench.runlock import RunLock
 from specbench.settings import RunSettings
@@ -272,10 +275,9 @@ def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict
     refusal = unrecorded_refusal(output_dir, earlier)
     if refusal is not None:
         raise refusal
-    changed = settings_differences(earlier, settings, sorted(settings))
-    if changed:
-        raise SpecbenchError(f"{output_dir} holds results of a run with other settings ({'; '.join(changed)}); "
-                             "choose another hydra.run.dir or remove that directory")
+    refusal = resume_refusal(output_dir, earlier, settings, sorted(settings))
+    if refusal is not None:
+        raise refusal
 
 
 def already_finished(cfg: DictConfig, output_dir: str, questions: list[Prompt],

@@ -15,7 +15,8 @@ from analysis.throughput import (deviation_summary, latency_lookup, measured_rat
                                  token_costs)
 from specbench.questions import Prompt
 from specbench.decoding.loop import StepRecord
-from specbench.records import Answer, RunDirectory
+from specbench.results.run_directory import RunDirectory
+from specbench.results.schema import Answer
 
 # The target latency per verified-token count the synthetic steps are timed by: not a line (2-3 tokens are
 # slower than 4, as small matrix products take a slower kernel on a CPU).

@@ -114,7 +114,8 @@ def odd_run(path: Path, drafter: str, answered: bool) -> Path:
     """A run directory made as the runner makes one: its only question skipped (``answered`` False), or
     answered with a record but no decoding steps, so its steps.parquet holds no rows either way."""
     from specbench.questions import Prompt
-    from specbench.records import Answer, RunDirectory
+    from specbench.results.run_directory import RunDirectory
+    from specbench.results.schema import Answer
 
     run = RunDirectory(path, with_baseline=True)
     run.open({"schema_version": 2, "model": "m", "drafter": {"name": drafter}, "device": "cpu", "dtype": "float32",
@@ -437,7 +438,7 @@ def test_mixed_and_huge_question_ids_are_paired_by_analysis(tmp_path):
         records = [json.loads(line) for line in (run / name).read_text().splitlines()]
         (run / name).write_text("".join(json.dumps({**record, "question_id": question}) + "\n"
                                         for record, question in zip(records, ids)))
-    from specbench.records import read_steps_file, write_steps_file
+    from specbench.results.steps_file import read_steps_file, write_steps_file
     steps = read_steps_file(run / "steps.parquet")
     steps["question_id"] = pd.Series(steps.question_id.map(dict(zip([100, 101, 102, 103], ids))), dtype=object)
     write_steps_file(steps, run / "steps.parquet")

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbench.records import SCHEMA_VERSION, STEP_COLUMNS, SUMMARY_KEYS
+from specbench.results.schema import SCHEMA_VERSION, STEP_COLUMNS, SUMMARY_KEYS
 
 TINY = ["model=tiny-random", "run.max_new_tokens=24"]
 

@@ -11,7 +11,8 @@ from analysis.runs import load_questions
 from specbench.questions import Prompt
 from specbench.decoding.loop import StepRecord
 from specbench.errors import SpecbenchError
-from specbench.records import Answer, RunDirectory
+from specbench.results.run_directory import RunDirectory
+from specbench.results.schema import Answer
 
 A100 = "cuda: NVIDIA A100-SXM4-80GB"
 ROOT = Path(__file__).resolve().parents[1]

@@ -157,7 +157,7 @@ def npz_bytes(**arrays) -> bytes:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_damaged_drafter_state_is_one_line(tmp_path, kind):
-    from specbench.records import RunDirectory
+    from specbench.results.run_directory import RunDirectory
 
     run = RunDirectory(tmp_path / "run", with_baseline=False)
     run.drafter_state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +191,7 @@ def stateful_drafters(tiny):
 @pytest.mark.parametrize("name", ["recycling", "samd", "suffix", "hybrid"])
 def test_a_drafter_state_of_other_arrays_is_one_line(stateful_drafters, tmp_path, name, arrays):
     """A whole .npz that numpy reads, holding arrays the drafter cannot take back: damaged all the same."""
-    from specbench.records import RunDirectory
+    from specbench.results.run_directory import RunDirectory
     from specbench.runner import _restore_drafter_state
 
     run = RunDirectory(tmp_path / "run", with_baseline=False)
@@ -213,7 +213,7 @@ def test_a_hybrid_state_before_any_pair_is_saved_and_taken_back(tiny):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_damaged_run_record_is_one_line(tmp_path, kind):
-    from specbench.records import read_json_file
+    from specbench.results.readers import read_json_file
 
     file = tmp_path / "run.json"
     file.write_bytes(damage(kind, b'{"schema": 1}'))
@@ -221,7 +221,7 @@ def test_a_damaged_run_record_is_one_line(tmp_path, kind):
 
 
 def test_a_run_record_with_an_integer_past_python_s_limit_is_one_line(tmp_path):
-    from specbench.records import read_json_file
+    from specbench.results.readers import read_json_file
 
     file = tmp_path / "summary.json"
     file.write_text('{"tokens": ' + "9" * 5000 + "}")

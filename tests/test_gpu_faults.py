@@ -17,7 +17,8 @@ from specbench.config import compose
 from specbench.decoding.contract import Draft
 from specbench.decoding.loop import Decoder
 from specbench.decoding.plan import plan_verification, verification_inputs
-from specbench.records import format_summary_table, read_answers, read_jsonl_records
+from specbench.results.console import format_summary_table
+from specbench.results.readers import read_answers, read_jsonl_records
 from specbench.runner import environment, loaded_settings, run_benchmark
 
 GIB = 2**30
@@ -81,7 +82,7 @@ def test_a_question_out_of_gpu_memory_is_recorded_and_the_run_goes_on(tmp_path, 
 
 def test_answers_on_a_cpu_have_no_gpu_memory_key():
     from specbench.questions import Prompt
-    from specbench.records import Answer
+    from specbench.results.schema import Answer
 
     prompt = Prompt(question_id=1, category="qa", task="qa", turns=("q",))
     assert "peak_gpu_memory_bytes" not in Answer().to_record(prompt, "m", None)["specbench"]

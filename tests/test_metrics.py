@@ -293,7 +293,7 @@ def run_shape(tiny, prompt_ids, shape):
     from specbench.config import compose
     from specbench.questions import Prompt
     from specbench.decoding.loop import Decoder
-    from specbench.records import Answer
+    from specbench.results.schema import Answer
 
     kind, max_new_tokens = shape
     answer = Answer()

@@ -8,7 +8,7 @@ import pytest
 import specbench.decoding.loop as loop
 from specbench.config import compose
 from specbench.measure.mismatch import classify, diagnose, first_difference, margin
-from specbench.records import read_answers
+from specbench.results.readers import read_answers
 from specbench.runner import run_benchmark
 
 

@@ -6,16 +6,10 @@ import pytest
 from specbench.questions import Prompt
 from specbench.errors import SpecbenchError
 from specbench.measure.mismatch import Mismatch
-from specbench.records import (
-    SCHEMA_VERSION,
-    STEP_COLUMNS,
-    Answer,
-    RunDirectory,
-    StepRecord,
-    format_summary_table,
-    summarize,
-    violation_report,
-)
+from specbench.results.console import format_summary_table, violation_report
+from specbench.results.run_directory import RunDirectory
+from specbench.results.schema import SCHEMA_VERSION, STEP_COLUMNS, Answer, StepRecord
+from specbench.results.summary import summarize
 
 
 def answer(tokens_per_turn, seconds_per_turn, accepted):

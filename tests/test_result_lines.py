@@ -14,12 +14,16 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from specbench import records
 from specbench.artefacts import file_digest
 from specbench.questions import Prompt
 from specbench.errors import SpecbenchError
-from specbench.records import (Answer, RunDirectory, StepRecord, append_line, question_key, read_answers,
-                               read_steps_file, write_atomically)
+from specbench.results import _writes, steps_file
+from specbench.results._writes import append_line, write_atomically
+from specbench.results.question_keys import question_key
+from specbench.results.readers import read_answers
+from specbench.results.run_directory import RunDirectory
+from specbench.results.schema import Answer, StepRecord
+from specbench.results.steps_file import read_steps_file
 
 SETTINGS = {"model": "m", "drafter": {"name": "pld"}}
 BIG = 2**70  # beyond int64: no Arrow integer column holds it
@@ -159,7 +163,7 @@ def test_lines_and_step_rows_of_a_question_outside_the_run_are_left_out_with_a_w
         with (run / name).open("a", encoding="utf-8") as handle:
             handle.write((tmp_path / "other" / name).read_text())
     steps = pd.concat([read_steps_file(run / "steps.parquet"), read_steps_file(tmp_path / "other" / "steps.parquet")])
-    records.write_steps_file(steps, run / "steps.parquet")
+    steps_file.write_steps_file(steps, run / "steps.parquet")
     with caplog.at_level(logging.WARNING):
         RunDirectory(run, with_baseline=True).skip(Prompt(999, "qa", "qa", ("q",)), "too long")
         assert RunDirectory(run, with_baseline=True).open(settings) == {1, 2}
@@ -196,7 +200,7 @@ def test_unfinished_and_repeated_skip_lines_are_named_and_not_counted(tmp_path, 
 def test_repeated_step_rows_are_left_out(tmp_path, caplog):
     make_run(tmp_path, ids=(1, 2))
     steps = read_steps_file(tmp_path / "steps.parquet")
-    records.write_steps_file(pd.concat([steps, steps[steps.question_id == 2]]), tmp_path / "steps.parquet")
+    steps_file.write_steps_file(pd.concat([steps, steps[steps.question_id == 2]]), tmp_path / "steps.parquet")
     with caplog.at_level(logging.WARNING):
         RunDirectory(tmp_path, with_baseline=True).open(SETTINGS)
     [rows] = file_warnings(caplog, tmp_path / "steps.parquet")
@@ -232,7 +236,7 @@ def test_integer_or_string_ids_keep_their_native_parquet_column(tmp_path):
     make_run(tmp_path / "strings", ids=("a", "b"))
     assert pd.read_parquet(tmp_path / "ints" / "steps.parquet").question_id.tolist() == [1001] * 3 + [1005] * 3
     assert pd.read_parquet(tmp_path / "strings" / "steps.parquet").question_id.tolist() == ["a"] * 3 + ["b"] * 3
-    assert pq.read_schema(tmp_path / "ints" / "steps.parquet").metadata.get(records.ID_FORM_KEY) is None
+    assert pq.read_schema(tmp_path / "ints" / "steps.parquet").metadata.get(steps_file.ID_FORM_KEY) is None
 
 
 def test_question_key_tells_one_from_the_string_one():
@@ -267,11 +271,11 @@ def test_every_result_file_write_refused_by_the_filesystem_is_one_line(tmp_path,
     run_dir = make_run(run, ids=(1,))
     before = (run / "steps.parquet").read_bytes()
     if what == "steps":  # half a parquet file written, then the disk is full
-        monkeypatch.setattr(records.pq, "write_table", lambda table, where: (Path(where).write_bytes(b"PAR1"),
+        monkeypatch.setattr(steps_file.pq, "write_table", lambda table, where: (Path(where).write_bytes(b"PAR1"),
                                                                              full_disk()))
         act, refused = lambda: add_question(run_dir, 2), run / "steps.parquet"
     elif what == "drafter state":
-        monkeypatch.setattr(records.np, "savez", full_disk)
+        monkeypatch.setattr(_writes.np, "savez", full_disk)
         act, refused = lambda: run_dir.save_drafter_state({"matrix": np.zeros(3)}), run / "drafter_state.npz"
     else:
         monkeypatch.setattr(Path, "write_text", full_disk)
@@ -301,9 +305,9 @@ def appending_half_then(refusal: int, monkeypatch, truncate_fails=False):
             return real_write(handle, data[: len(data) // 2])
         raise OSError(refusal, os.strerror(refusal))
 
-    monkeypatch.setattr(records.os, "write", write)
+    monkeypatch.setattr(_writes.os, "write", write)
     if truncate_fails:
-        monkeypatch.setattr(records.os, "ftruncate", lambda handle, size: full_disk())
+        monkeypatch.setattr(_writes.os, "ftruncate", lambda handle, size: full_disk())
     return calls
 
 
@@ -337,7 +341,7 @@ def test_a_half_line_left_by_a_full_disk_is_caught_on_read(tmp_path, monkeypatch
 def test_appending_writes_a_whole_line_in_one_call(tmp_path, monkeypatch):
     calls = []
     real_write = os.write
-    monkeypatch.setattr(records.os, "write", lambda handle, data: (calls.append(data), real_write(handle, data))[1])
+    monkeypatch.setattr(_writes.os, "write", lambda handle, data: (calls.append(data), real_write(handle, data))[1])
     append_line(tmp_path / "answers.jsonl", {"question_id": 1, "text": "déjà"})
     assert calls == [(json.dumps({"question_id": 1, "text": "déjà"}, ensure_ascii=False) + "\n").encode()]
 

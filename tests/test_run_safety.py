@@ -22,7 +22,8 @@ from specbench.config import compose, group_options
 from specbench.errors import SpecbenchError
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
 from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem, gguf_digest
-from specbench.records import format_summary_table, read_answers
+from specbench.results.console import format_summary_table
+from specbench.results.readers import read_answers
 from specbench.runlock import LOCK_NAME, RunLock
 from specbench.runner import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings, run_benchmark
 

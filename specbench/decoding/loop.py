@@ -33,7 +33,7 @@ from specbench.decoding.plan import VerifyPlan, plan_verification, verification_
 from specbench.decoding.target import Target, TargetChoices
 from specbench.decoding.sampling import Sampling, draw, sampled_accepted_path, target_distribution
 from specbench.decoding.tree import greedy_accepted_path
-from specbench.records import StepRecord
+from specbench.results.schema import StepRecord
 
 
 class FencedClock:
