@@ -140,7 +140,7 @@ def drafter_defaults(name: str) -> dict[str, str] | None:
     from omegaconf import OmegaConf
 
     from specbench.config import CONF_DIR, compose
-    from specbench.runner import NOT_RESULT_SETTINGS
+    from specbench.run.identity import NOT_RESULT_SETTINGS
 
     if not (CONF_DIR / "drafter" / f"{name}.yaml").is_file():
         return None

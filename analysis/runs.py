@@ -45,7 +45,7 @@ from specbench.results.readers import (read_json_file, read_jsonl_records, read_
                                        run_question_ids)
 from specbench.results.schema import STEP_COLUMNS, SUMMARY_KEYS, SUPPORTED_SCHEMAS
 from specbench.results.validation import BASELINE_ANSWER, SPEC_BENCH_METHOD, LineKind, record_problem
-from specbench.run_identity import PLACEMENT_KEYS, implied_placement
+from specbench.run.identity import PLACEMENT_KEYS, implied_placement
 from specbench.settings import method_name
 
 log = logging.getLogger(__name__)
@@ -460,7 +460,7 @@ def _split_labels(runs: list[_Run], notes: list[str]) -> None:
 
 
 def _placement_told(key: str, members: list[_Run]) -> bool:
-    """Whether ``key`` can tell these runs apart: any key but a placement key (``specbench.run_identity``), and a
+    """Whether ``key`` can tell these runs apart: any key but a placement key (``specbench.run.identity``), and a
     placement key when some run records it. Among runs that all predate those keys, what their other settings
     imply follows from settings that already differ, so it would only lengthen the labels."""
     return key not in PLACEMENT_KEYS or any(key in run.settings for run in members)

@@ -40,7 +40,7 @@ from specbench.decoding.budget import interpolate_latency
 from specbench.errors import SpecbenchError
 from specbench.measure.metrics import accepted_per_decoding_step
 from specbench.results.readers import read_json_file
-from specbench.run_identity import PLACEMENT_KEYS
+from specbench.run.identity import PLACEMENT_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ HARDWARE_KEYS = ("device", "dtype", "threads")  # with the model: which runs sha
 # The other flattened settings (``analysis.runs.flat_settings``) that change how long a target pass takes, and
 # so must also match for runs to share a latency table: the weights and model shape, the machine, the kernels
 # (linear backend, torch and transformers versions), how the run was placed (processes, placement, devices and
-# the kernels ``auto`` chose: ``specbench.run_identity``), and what a verify pass computes besides the forward pass
+# the kernels ``auto`` chose: ``specbench.run.identity``), and what a verify pass computes besides the forward pass
 # (the top-k kept on the host, sampling instead of argmax). The drafter and the question set do not: the
 # table is per verified-token count, and the context term covers the contexts.
 LATENCY_KEYS = ("model_source", "weights_fingerprint", "environment.device_name", "environment.torch",

@@ -39,7 +39,7 @@ from specbench.questions import TASKS, read_questions, select_questions  # noqa:
 from specbench.decoding.loop import Decoder  # noqa: E402
 from specbench.drafters.ar import NoDraft  # noqa: E402
 from specbench.drafters.pld import PromptLookup  # noqa: E402
-from specbench.runner import calibrate  # noqa: E402
+from specbench.engines.calibration import calibrate  # noqa: E402
 from specbench.settings import RunSettings  # noqa: E402
 
 METHODS = ("hf-greedy", "ours-ar", "hf-pld", "ours-pld")
@@ -100,8 +100,9 @@ def main() -> None:
     first_prompt = target.encode_conversation([questions[0].turns[0]], [])
     for method in METHODS:  # warm-up, untimed
         run(method, first_prompt[: min(len(first_prompt), 256)])
-    latencies = calibrate(RunSettings.from_config(cfg.run), target, decoder, first_prompt)
+    latencies, policy = calibrate(RunSettings.from_config(cfg.run), target, decoder, first_prompt)
     if latencies:
+        decoder.use_policy(policy)
         print("verify latency (ms) by tokens verified:",
               ", ".join(f"{size}:{seconds * 1e3:.1f}" for size, seconds in latencies.items()))
         print("padding:", {s: decoder.verify_shapes.padded(s) for s in latencies if decoder.verify_shapes.padded(s) != s})

@@ -100,7 +100,7 @@ def unique(plan: list[tuple[str, PlannedArtefact]]) -> list[tuple[str, PlannedAr
 
 def prepare(args: argparse.Namespace) -> int:
     from specbench.decoding.sampling import Sampling
-    from specbench.runner import build
+    from specbench.run.instantiate import build
 
     names, named = chosen_drafters(args.drafters)
     configs = {name: composed(args.model, name, args.overrides) for name in names}

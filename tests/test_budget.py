@@ -94,7 +94,7 @@ def test_what_the_budget_learned_belongs_to_one_question(tiny, prompt_ids):
     """A question decodes the same whether other questions ran before it (answer_question resets the budget's
     estimates), so an interrupted and resumed run measures what an uninterrupted one does."""
     from specbench.questions import Prompt
-    from specbench.runner import answer_question
+    from specbench.engines.conversation import answer_question
 
     def budget_decoder():
         return Decoder(tiny.backend, frozenset(), 64,

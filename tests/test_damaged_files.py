@@ -192,10 +192,10 @@ def stateful_drafters(tiny):
 def test_a_drafter_state_of_other_arrays_is_one_line(stateful_drafters, tmp_path, name, arrays):
     """A whole .npz that numpy reads, holding arrays the drafter cannot take back: damaged all the same."""
     from specbench.results.run_directory import RunDirectory
-    from specbench.runner import _restore_drafter_state
+    from specbench.engines.drafter_state import restore_drafter_state
 
     run = RunDirectory(tmp_path / "run", with_baseline=False)
-    one_line(_restore_drafter_state, stateful_drafters[name], run, {"1"}, (arrays, {"1"}),
+    one_line(restore_drafter_state, stateful_drafters[name], run, {"1"}, (arrays, {"1"}),
              match="drafter_state.npz is damaged")
 
 
@@ -230,7 +230,7 @@ def test_a_run_record_with_an_integer_past_python_s_limit_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS + ["negative latencies", "nan latencies"])
 def test_damaged_saved_latencies_are_measured_again(tmp_path, kind, caplog):
-    from specbench.runner import saved_latencies
+    from specbench.engines.calibration import saved_latencies
 
     file = tmp_path / "latency.json"
     whole = json.dumps({"latency_s": {"1": 0.01, "4": 0.02}}).encode()

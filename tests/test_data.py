@@ -131,7 +131,7 @@ class StubModel:
 ])
 def test_a_first_turn_too_long_for_the_context_is_explained(length, message):
     from specbench.questions import Prompt
-    from specbench.runner import TurnTooLong, first_turn_ids
+    from specbench.engines.conversation import TurnTooLong, first_turn_ids
 
     prompt = Prompt(7, "qa", "qa", ("question",))
     with pytest.raises(TurnTooLong) as error:
@@ -146,7 +146,7 @@ def test_a_later_turn_too_long_for_the_context_is_explained():
     import numpy as np
 
     from specbench.questions import Prompt
-    from specbench.runner import TurnTooLong, answer_question
+    from specbench.engines.conversation import TurnTooLong, answer_question
 
     class StubDecoder:
         sampling = SimpleNamespace(seed=0)

@@ -140,7 +140,7 @@ def truncate(file: Path) -> None:
 
 def test_an_empty_model_path_is_refused(monkeypatch):
     from specbench.models import hub
-    from specbench.runner import build
+    from specbench.run.instantiate import build
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # before the fix this fell through to the hub id: never download
     monkeypatch.setattr(hub, "_hub_reachable", lambda: False)

@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from test_recycling import FakeTarget
 from test_samd import EOS, samd
 
-from specbench import runner
+from specbench.engines import warm_up as warm_ups
 from specbench.config import compose
 from specbench.questions import Prompt
 from specbench.datastores import prompts as prompt_sets
@@ -122,7 +122,7 @@ def test_a_method_with_cross_question_state_warms_up_as_spec_bench_does(tiny, mo
     # evaluation/eval.py:90-116: three decodes of the first question, every turn, at the measured length, before
     # it is measured; a stateless method keeps the short timing warm-up.
     calls = []
-    monkeypatch.setattr(runner, "answer_question", lambda model, decoder, drafter, prompt, tokens, on_step=None:
+    monkeypatch.setattr(warm_ups, "answer_question", lambda model, decoder, drafter, prompt, tokens, on_step=None:
                         calls.append(("answer", drafter.name, len(prompt.turns), tokens)))
     question = Prompt(question_id=81, category="writing", task="mt_bench", turns=("Write a poem.", "Shorter."))
     settings = RunSettings(max_new_tokens=48)
@@ -130,7 +130,7 @@ def test_a_method_with_cross_question_state_warms_up_as_spec_bench_does(tiny, mo
     def warm_up(drafter, teach_state=True):
         calls.clear()
         decoder = SimpleNamespace(generate=lambda ids, which, tokens: calls.append(("generate", which.name, tokens)))
-        runner._warm_up(settings, tiny, decoder, drafter, NoDraft(), [question], tmp_path, Processes(),
+        warm_ups.warm_up(settings, tiny, decoder, drafter, NoDraft(), [question], tmp_path, Processes(),
                         teach_state=teach_state)
         return list(calls)
 

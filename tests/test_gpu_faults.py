@@ -19,7 +19,9 @@ from specbench.decoding.loop import Decoder
 from specbench.decoding.plan import plan_verification, verification_inputs
 from specbench.results.console import format_summary_table
 from specbench.results.readers import read_answers, read_jsonl_records
-from specbench.runner import environment, loaded_settings, run_benchmark
+from specbench.engines.specbench_loop import loaded_settings
+from specbench.run.environment import environment
+from specbench.runner import run_benchmark
 
 GIB = 2**30
 OOM_MESSAGE = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"

@@ -124,8 +124,7 @@ def test_the_resume_refusal_names_each_difference_and_passes_the_record_only_one
 
 
 def test_both_resume_checks_refuse_with_the_one_message(tmp_path):
-    from specbench.run_identity import PLACEMENT_KEYS
-    from specbench.runner import check_resumable
+    from specbench.run.identity import PLACEMENT_KEYS, check_resumable
 
     RunDirectory(tmp_path, True).open({"model": "m", "max_new_tokens": 128})
     earlier = json.loads((tmp_path / "run.json").read_text())

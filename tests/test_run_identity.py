@@ -17,7 +17,7 @@ from specbench.config import compose
 from specbench.distributed import Processes
 from specbench.errors import SpecbenchError
 from specbench.models.kernels import OneDNNLinear
-from specbench.run_identity import PLACEMENT_KEYS, UNRECORDED, implied_placement
+from specbench.run.identity import PLACEMENT_KEYS, UNRECORDED, implied_placement
 from specbench.runlock import LOCK_NAME
 
 # One thread: the thread count a job of two processes chooses by itself differs from one process's, and these

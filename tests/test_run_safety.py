@@ -25,7 +25,8 @@ from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem, gguf_di
 from specbench.results.console import format_summary_table
 from specbench.results.readers import read_answers
 from specbench.runlock import LOCK_NAME, RunLock
-from specbench.runner import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings, run_benchmark
+from specbench.run.identity import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings
+from specbench.runner import run_benchmark
 
 TINY = ["model=tiny-random", "run.max_new_tokens=8", "task.tasks=[qa]", "task.limit_per_task=1", "run.warmup_runs=0"]
 

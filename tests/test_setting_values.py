@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from conftest import refusal
 
 from specbench.config import compose, group_options
-from specbench.runner import build
+from specbench.run.instantiate import build
 
 # lookups keyed by model or family: their entries are the loaders' (pruned drafts, trained heads), not settings
 LOOKUPS = ("_by_family", "_by_model")

@@ -214,7 +214,7 @@ def test_a_process_that_fails_gives_the_others_one_line(tmp_path):
 def test_placements_that_cannot_run_are_one_line(overrides, message):
     from specbench.config import compose
     from specbench.errors import SpecbenchError
-    from specbench.runner import build
+    from specbench.run.instantiate import build
 
     with pytest.raises(SpecbenchError, match=message) as refused:
         build(compose(["model=tiny-random", *overrides]).model, device="cpu")
@@ -357,7 +357,7 @@ def test_shapes_the_processes_cannot_split_are_refused_before_loading(monkeypatc
     from transformers import AutoModelForCausalLM
 
     from specbench.errors import SpecbenchError
-    from specbench.runner import build
+    from specbench.run.instantiate import build
 
     monkeypatch.setenv("WORLD_SIZE", str(processes))  # as torchrun sets it; nothing here joins a process group
     loads = []

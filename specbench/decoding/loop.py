@@ -103,6 +103,17 @@ class VerifyShapes:
         return VerifyShapes(pad_to)
 
 
+@dataclass(frozen=True)
+class DecodePolicy:
+    """How a decoder shapes and cuts what it verifies, as the start-up calibration decided it from the target's
+    measured verify latencies (``specbench.engines.calibration``): the padded shapes, the verify cost that learns
+    from step timings (None: none learns) and the draft budget (None: every draft node is verified)."""
+
+    verify_shapes: VerifyShapes = field(default_factory=VerifyShapes)
+    verify_cost: VerifyCost | None = None
+    draft_budget: DraftBudget | None = None
+
+
 def cut_at_eos(tokens: list[int], eos_token_ids: frozenset[int]) -> tuple[list[int], bool]:
     """``tokens`` up to and including the first EOS token, and whether there was one."""
     for index, token in enumerate(tokens):
@@ -201,6 +212,12 @@ class Decoder:
         self._drafter_top_k = self.target_top_k
         self.clock = clock or FencedClock(target.synchronize)
         self._fence_drafter = self.clock.now
+
+    def use_policy(self, policy: DecodePolicy) -> None:
+        """Decode from now on as ``policy`` says (the calibration's result, decided after the warm-up decodes)."""
+        self.verify_shapes = policy.verify_shapes
+        self.verify_cost = policy.verify_cost
+        self.draft_budget = policy.draft_budget
 
     def forget_learning(self) -> None:
         """Reset what the draft budget and the verify cost learned from earlier steps to their calibrated

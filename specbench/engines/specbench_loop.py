@@ -1,0 +1,139 @@
+"""The first engine: specbench's own decoding loop (``specbench.decoding.loop.Decoder``) over the model's
+``Target``, the method being its drafter and the baseline the loop with no draft (``NoDraft``). Its warm-up,
+calibration and drafter state are its own (``warm_up``, ``calibration``, ``drafter_state`` beside this file)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from omegaconf import DictConfig
+
+from specbench.decoding.contract import Drafter
+from specbench.decoding.loop import Decoder
+from specbench.decoding.sampling import Sampling
+from specbench.distributed import Processes
+from specbench.drafters.ar import NoDraft
+from specbench.engines.base import BASELINE, METHOD, Engine, OnStep, Skip, SkipQuestion
+from specbench.engines.conversation import TurnTooLong, answer_question, first_turn_ids
+from specbench.engines.drafter_state import restore_drafter_state, save_drafter_state, saved_drafter_state
+from specbench.engines.warm_up import out_of_memory_skip, warm_up_on_one_that_fits
+from specbench.measure import gpu_memory
+from specbench.models import LoadedModel
+from specbench.models.kernels import OneDNNLinear
+from specbench.models.loaded import weights_fingerprint
+from specbench.questions import Prompt
+from specbench.results.run_directory import RunDirectory
+from specbench.results.schema import Answer
+from specbench.run.environment import environment
+from specbench.run.instantiate import build
+from specbench.settings import RunSettings
+
+log = logging.getLogger(__name__)
+
+
+class SpecbenchLoop(Engine):
+    """The specbench loop over a loaded model, for one drafter and the AR baseline."""
+
+    def __init__(self, model: LoadedModel, drafter: Drafter, settings: RunSettings, sampling: Sampling,
+                 processes: Processes):
+        self.model = model
+        self.drafters = {METHOD: drafter, BASELINE: NoDraft()}
+        self.settings = settings
+        self.processes = processes
+        self.decoder = Decoder(model.backend, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
+                               target_top_k=settings.target_top_k, diagnostic_top_k=settings.mismatch_top_k)
+        self.model_name = model.name
+        self.drafter_name = drafter.name
+        self.dtype = str(model.dtype).removeprefix("torch.")
+        self.decoded_by = {role: which.name for role, which in self.drafters.items()}
+        self.greedy = sampling.greedy
+
+    @classmethod
+    def load(cls, model_node: DictConfig, drafter_node: DictConfig, settings: RunSettings,
+             processes: Processes) -> SpecbenchLoop:
+        """Build the drafter and the model their config groups name, and prepare the drafter for the model."""
+        drafter: Drafter = build(drafter_node)
+        model: LoadedModel = build(model_node, device=settings.device, linear_backend=settings.linear_backend)
+        # A hub or GGUF model tells its context only once loaded; check the token counts before the drafter's
+        # databases are built.
+        settings.check_context(model.max_context, f"{model.name}'s context of {model.max_context} tokens")
+        sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
+        drafter.prepare(model, sampling)
+        return cls(model, drafter, settings, sampling, processes)
+
+    @property
+    def drafter(self) -> Drafter:
+        return self.drafters[METHOD]
+
+    def run_settings(self) -> dict:
+        # every process: the weights' fingerprint gathers shards
+        return {**loaded_settings(self.model, self.drafter), **loaded_placement(self.model)}
+
+    def environment(self) -> dict:
+        return environment(self.model)
+
+    def sources(self) -> dict[str, dict]:
+        return self.drafter.sources()
+
+    def check_fits(self, prompt: Prompt) -> None:
+        try:
+            first_turn_ids(self.model, prompt)
+        except TurnTooLong as reason:
+            raise SkipQuestion(str(reason)) from None
+
+    def warm_up(self, pending: list[Prompt], run_dir: RunDirectory, finished: set, skip: Skip) -> list[Prompt]:
+        saved_state = saved_drafter_state(self.drafter, run_dir, finished, self.processes)
+        pending = warm_up_on_one_that_fits(self.settings, self.model, self.decoder, self.drafter,
+                                           self.drafters[BASELINE], pending, run_dir.path, self.processes,
+                                           teach_state=saved_state is None, skip=skip)
+        restore_drafter_state(self.drafter, run_dir, finished, saved_state)
+        return pending
+
+    def answer(self, prompt: Prompt, role: str, on_step: OnStep | None = None) -> Answer:
+        which, devices = self.drafters[role], self.model.devices
+        try:
+            gpu_memory.reset_peak(devices)
+            answer = answer_question(self.model, self.decoder, which, prompt, self.settings.max_new_tokens, on_step)
+            answer.peak_gpu_memory_bytes = gpu_memory.peak_bytes(devices)
+            return answer
+        except TurnTooLong as reason:  # a later turn outgrew the context: the question cannot be answered whole
+            raise SkipQuestion(str(reason)) from None
+        except gpu_memory.OUT_OF_MEMORY_ERRORS as error:  # read the figures while the failed step's tensors live
+            out_of_memory = gpu_memory.out_of_memory_record(error, devices, prompt.question_id, which.name,
+                                                            len(first_turn_ids(self.model, prompt)))
+        raise out_of_memory_skip(self.model, out_of_memory)  # the traceback is gone: what it held can be freed
+
+    def save_state(self, run_dir: RunDirectory) -> None:
+        save_drafter_state(self.drafter, run_dir)
+
+
+def loaded_settings(model: LoadedModel, drafter: Drafter) -> dict:
+    """The part of run.json known once the model and the drafter are loaded: the target's source and weights
+    (and a draft model's: the drafters that run one keep it as ``drafter.draft``), how it runs, and the software
+    that runs it."""
+    env = environment(model)
+    draft = getattr(drafter, "draft", None)
+    return {
+        "model_source": model.source,
+        "weights_fingerprint": model.weights_fingerprint,
+        "draft_weights_fingerprint": weights_fingerprint(draft) if isinstance(draft, torch.nn.Module) else None,
+        "dtype": env["dtype"],
+        "device": str(model.device),
+        "threads": torch.get_num_threads(),
+        # The driver, the device count and CUDA_VISIBLE_DEVICES stay in the summary's environment only: a job
+        # requeued onto another node of the same GPUs resumes.
+        "environment": {key: env[key] for key in ("python", "torch", "transformers", "specbench", "device", "git_sha",
+                                                  "cuda", "gpus")},
+    }
+
+
+def linear_backend_used(module: torch.nn.Module) -> str:
+    """The kernels ``module``'s linear layers run on: onednn when ``use_linear_backend`` replaced them, else aten."""
+    return "onednn" if any(isinstance(child, OneDNNLinear) for child in module.modules()) else "aten"
+
+
+def loaded_placement(model: LoadedModel) -> dict:
+    """The placement settings of a loaded model (``specbench.run.identity``: ``LOADED_KEYS``)."""
+    return {"placement": model.placement, "devices": ",".join(str(device) for device in model.devices),
+            "linear_backend_used": linear_backend_used(model.model)}

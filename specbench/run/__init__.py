@@ -1,0 +1,3 @@
+"""What a run needs besides decoding, whichever engine decodes: building objects from the config
+(``instantiate``), the software and machine it runs on (``environment``), what makes two sessions the same run
+(``identity``) and the thread count it runs with (``threads``)."""
