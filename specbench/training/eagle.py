@@ -23,7 +23,7 @@ head's own step j-1 output at t, token x_{t+1+j}) at position t + j, and every s
 distribution at position t + 1 + j. A label position s is trained when P - 1 <= s <= L - 1 (it predicts an answer
 token, or what follows the answer).
 
-Layout beside a head's directory ``D`` (published whole by ``artefacts.replace_directory``)::
+Layout beside a head's directory ``D`` (published whole by ``storage.publish.replace_directory``)::
 
     D.partial/checkpoint.pt    the head, optimizer, schedule and step of a training under way, replaced atomically
                                every CHECKPOINT_S seconds and when the build is interrupted; a re-run resumes from
@@ -38,7 +38,6 @@ import dataclasses
 import logging
 import math
 import os
-import shlex
 import shutil
 import time
 from dataclasses import dataclass, fields
@@ -49,7 +48,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specbench.errors import SpecbenchError, write_refused
+from specbench.errors import SpecbenchError
+from specbench.storage.atomic import write_atomically
+from specbench.storage.publish import replace_directory
+from specbench.storage.refusal import refusing_writes
 
 log = logging.getLogger(__name__)
 
@@ -163,107 +165,6 @@ def _checked(name: str, value, default):
     return float(value)
 
 
-# ---- where heads live, and how they are built on first use -----------------------------------------------------
-
-
-def trained_head_directory(target, kind: str, spec: dict, cache_dir: str | None) -> Path:
-    """Where the cache keeps the head of ``kind`` trained for ``target`` with ``spec`` (a drafter's ``trained``
-    entry). The key holds the whole recipe with its defaults filled in (``Recipe.key``), so an empty spec and one
-    spelling out the defaults are the same head."""
-    from specbench.artefacts import cached_path
-
-    recipe = recipe_of(kind, spec)
-    return cached_path(cache_dir, "heads", f"{target.name}-{kind}",
-                       {"source": target.source, "kind": kind, **recipe.key(kind)})
-
-
-def rebuild_command(target, directory: Path, kind: str, spec: dict) -> str:
-    """The scripts/train_eagle.py command that builds the head of ``spec`` at ``directory``."""
-    words = ["python", "scripts/train_eagle.py", "--model", target.name, "--kind", kind]
-    for name, value in recipe_of(kind, spec).key(kind).items():
-        if name == "recipe_version" or name not in spec:
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(layer) for layer in value)
-        words += [f"--{name.replace('_', '-')}", "none" if value is None else str(value)]
-    return shlex.join([*words, "--out", str(directory)])
-
-
-def build_seconds_estimate(target, kind: str, recipe: Recipe, tokens_per_sequence: int = 300) -> float:
-    """A rough duration of a build on a 2-core CPU for a target the size of SmolLM2-135M (scaled by the target's
-    hidden size squared): features plus training, without generating answers that are not cached yet (about 2
-    minutes each for the greedy and the sampled set). For the log line only."""
-    scale = (int(target.model.config.get_text_config().hidden_size) / 576) ** 2
-    steps = recipe.ttt_steps if kind == "eagle3" else 1
-    work = recipe.train_steps * recipe.batch_sequences * tokens_per_sequence * steps / 1000
-    data = DATA_SECONDS if recipe.train_steps else 0.0
-    return scale * (data + work * SECONDS_PER_KILO_TOKEN_STEP[kind])
-
-
-def planned_head(target, directory: Path, kind: str, spec: dict, command: str | None = None):
-    """The head ``trained_head`` looks up, as a plan entry (``artefacts.PlannedArtefact``); ``command`` builds it
-    ahead of time (default: scripts/train_eagle.py's)."""
-    from specbench.artefacts import PlannedArtefact
-
-    recipe = recipe_of(kind, spec)
-    return PlannedArtefact(
-        what=f"an {kind} head for {target.name} ({recipe.train_steps} training steps; resumable if interrupted)",
-        directory=Path(directory), seconds=build_seconds_estimate(target, kind, recipe),
-        basis=f"{recipe.train_steps} steps x {recipe.batch_sequences} sequences of ~300 tokens, rates measured for "
-              "SmolLM2-135M, scaled by hidden size squared; answers not cached yet come on top",
-        command=command or rebuild_command(target, directory, kind, spec))
-
-
-def trained_head(target, directory: Path, kind: str, spec: dict, given: bool, prepare: str | None = None):
-    """The head of ``kind`` trained for ``target`` with ``spec`` at ``directory``, built there first if missing, by one
-    process while others wait (``artefacts.load_or_rebuild``). A damaged head in the cache (not ``given``) is
-    rebuilt with a warning, since its directory's key covers everything it was built from; a damaged one in a
-    directory the user has ``given`` stops the run with one line naming the problem and the command that rebuilds
-    it. ``prepare``: the command that builds it ahead of time, for the line said before a build (default:
-    scripts/train_eagle.py's)."""
-    from specbench.artefacts import announce_build, load_or_rebuild
-
-    directory = Path(directory)
-    recipe_of(kind, spec)  # a bad recipe is one line before anything is looked up
-    command = rebuild_command(target, directory, kind, spec)
-    rebuild = f"rebuild it with `{command}`"
-
-    def load():
-        return load_trained_head(target, directory, kind, rebuild)
-
-    def build() -> None:
-        announce_build(planned_head(target, directory, kind, spec, prepare))
-        build_trained_head(target, directory, kind, **spec)
-
-    if given:
-        if directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
-            with contextlib.suppress(OSError):
-                directory.rmdir()  # an empty directory made for the head: built as if missing
-        if directory.exists():
-            return load()
-    return load_or_rebuild(directory, f"{kind} head of {target.name}", load, build)
-
-
-def load_trained_head(target, directory: Path, kind: str, rebuild: str):
-    """The published head at ``directory``, found whole first (every file of the size, and when its times changed
-    the SHA-256, that its manifest.json recorded), then loaded strictly by ``load_eagle_head``, which checks it
-    fits ``target``. Anything wrong is a one-line SpecbenchError ending in ``rebuild``."""
-    from specbench.artefacts import read_manifest, verify_files
-    from specbench.models.eagle_heads import load_eagle_head
-
-    manifest = read_manifest(directory, f"trained {kind} head", rebuild)
-    problem = verify_files(directory, manifest)
-    if problem:
-        raise SpecbenchError(f"{directory}: damaged trained {kind} head ({problem}); {rebuild}")
-    if manifest.get("kind") != f"trained {kind} head":
-        raise SpecbenchError(f"{directory} holds a {manifest.get('kind', 'manifest without a kind')}, not a trained "
-                             f"{kind} head; {rebuild}")
-    try:
-        return load_eagle_head(target, str(directory), kind)
-    except SpecbenchError as error:
-        raise SpecbenchError(f"{error}; {rebuild}") from None
-
-
 # ---- data ------------------------------------------------------------------------------------------------------
 
 
@@ -281,7 +182,7 @@ class Sequence:
 def training_conversations(target) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) the head trains and is measured on: the target's greedy answers to the built-in
     prompt set (cached; generated on first use)."""
-    from specbench.target_answers import target_answers
+    from specbench.artefacts.target_answers import target_answers
 
     return target_answers(target)
 
@@ -289,7 +190,7 @@ def training_conversations(target) -> list[tuple[list[int], list[int]]]:
 def training_prompts(target) -> list[str]:
     """The prompts of ``training_conversations``, in the same order."""
     from specbench.datastores.prompts import MODEL_DB_PROMPTS
-    from specbench.target_answers import read_prompts
+    from specbench.artefacts.target_answers import read_prompts
 
     return read_prompts(MODEL_DB_PROMPTS)
 
@@ -302,14 +203,15 @@ def sampled_answers(target, prompts: list[str], per_prompt: int, temperature: fl
     and cached like ``target_answers`` (checksummed; one process generates while others wait), batch by batch
     through a staging file that an interrupted generation resumes from. Each batch draws from a generator seeded
     by (seed, batch), so a resumed generation samples what an uninterrupted one would."""
-    from specbench.artefacts import cached_path, load_or_rebuild
+    from specbench.artefacts.base import load_or_rebuild
+    from specbench.storage.cache import cached_path
 
     jobs = [prompt for _ in range(per_prompt) for prompt in prompts]
     directory = cached_path(cache_dir, "answers", f"{target.name}-sampled",
                             {"source": target.source, "prompts": prompts, "per_prompt": per_prompt,
                              "temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens,
                              "batch_size": batch_size})
-    from specbench.target_answers import read_answers
+    from specbench.artefacts.target_answers import read_answers
 
     return load_or_rebuild(directory, f"sampled answer set of {target.name}",
                            lambda: read_answers(directory, len(jobs)),
@@ -319,8 +221,7 @@ def sampled_answers(target, prompts: list[str], per_prompt: int, temperature: fl
 
 def _sample_into(directory: Path, target, jobs: list[str], temperature: float, seed: int, max_new_tokens: int,
                  batch_size: int) -> None:
-    from specbench.artefacts import replace_directory
-    from specbench.target_answers import ANSWERS_FILE, append_answers, answer_line, whole_rows
+    from specbench.artefacts.target_answers import ANSWERS_FILE, append_answers, answer_line, whole_rows
 
     staging = directory.with_name(f"{directory.name}.partial")
     pairs = whole_rows(staging, len(jobs))
@@ -670,27 +571,20 @@ def _trainable(head) -> dict[str, torch.Tensor]:
 
 def _save_checkpoint(staging: Path, identity: dict, head, optimizer, schedule, step: int, losses: list[float],
                      seconds: float) -> None:
-    """Replace ``staging``/checkpoint.pt through a temporary name, so a kill leaves the old one or the new one."""
-    from specbench.artefacts import unique_suffix
-
+    """Replace ``staging``/checkpoint.pt atomically (``storage.atomic``), so a kill leaves the old one or the new one."""
     state = {"identity": identity, "step": step, "losses": losses, "seconds": seconds,
              "head": {name: tensor.detach().clone() for name, tensor in _trainable(head).items()},
              "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
-    partial = staging / f".{CHECKPOINT}.{unique_suffix()}"
-    try:
-        staging.mkdir(parents=True, exist_ok=True)
+
+    def write(partial: Path) -> None:
         # Through a file object: given a path, torch's writer reports a full disk as a RuntimeError without the
         # errno ("basic_ios::clear: iostream error"); given a file, the write's OSError is in the error's context.
         with open(partial, "wb") as handle:
             torch.save(state, handle)
-        os.replace(partial, staging / CHECKPOINT)
-    except Exception as error:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
-        refusal = write_refused(error, staging / CHECKPOINT)
-        if refusal is None:
-            raise
-        raise refusal from error
+
+    with refusing_writes(staging / CHECKPOINT):
+        staging.mkdir(parents=True, exist_ok=True)
+    write_atomically(staging / CHECKPOINT, write)
 
 
 def _load_checkpoint(staging: Path, identity: dict) -> dict | None:
@@ -823,7 +717,6 @@ def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: floa
     a manifest of the recipe, the data's sizes, the losses, the held-out acceptance and the seconds; return the
     manifest. An interrupted build resumes from its checkpoint beside ``directory`` (see the module docstring).
     ``checkpoint_s`` and ``on_step`` are for tests, not part of the recipe."""
-    from specbench.artefacts import replace_directory
     from specbench.models.eagle_heads import save_eagle_head
 
     started = time.perf_counter()
