@@ -26,11 +26,9 @@ filesystem is one line naming the file, and nothing half-written is left for a r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import os
 import time
 import uuid
 from collections import Counter
@@ -44,7 +42,9 @@ import pyarrow.parquet as pq
 
 from specbench.measure import metrics
 from specbench.questions import HUB_PREFIX, SAMPLE_QUESTIONS, TASKS, Prompt, read_questions, select_questions
-from specbench.errors import SpecbenchError, damage_reason, refusing_writes, storage_refusal
+from specbench.errors import SpecbenchError, damage_reason
+from specbench.storage.atomic import append_whole, write_atomically
+from specbench.storage.refusal import refusing_writes
 from specbench.measure.mismatch import KINDS as MISMATCH_KINDS
 from specbench.measure.mismatch import Mismatch
 
@@ -178,57 +178,11 @@ def original_passes(steps: list[StepRecord]) -> list[StepRecord]:
     return steps
 
 
-def _refused(error: BaseException, path: Path) -> SpecbenchError | None:
-    """The one-line error for a filesystem that refused a write to ``path``, or None (a bug keeps its traceback)."""
-    return storage_refusal(error, path) if isinstance(error, OSError) else None
-
-
-def write_atomically(path: Path, write) -> None:
-    """``write(staging)`` then rename over ``path``: a reader sees the old file or the new one, never half of one.
-    On any failure the staging file is removed; a filesystem that refuses (a full disk, a read-only mount, a
-    quota) is one line naming ``path`` (``specbench.errors.storage_refusal``)."""
-    staging = path.with_name(path.name + ".partial")
-    try:
-        write(staging)
-        os.replace(staging, path)
-    except BaseException as error:  # an interrupt too: a .partial left behind is half of a result file
-        with contextlib.suppress(OSError):
-            staging.unlink(missing_ok=True)
-        refusal = _refused(error, path)
-        if refusal:
-            raise refusal from error
-        raise
-
-
 def append_line(path: Path, record: dict) -> None:
-    """Append ``record`` to the .jsonl file ``path`` as one line, in one write call, then sync it. A write that
-    fails part-way (a disk filling up) is cut back to where the file ended, so no half line is left for the
-    next append to run into; if even that fails, the readers' check of every line leaves it out
-    (``read_result_lines``). A filesystem that refuses is one line naming ``path``."""
-    data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-    try:
-        handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    except OSError as error:
-        refusal = _refused(error, path)
-        if refusal:
-            raise refusal from error
-        raise
-    try:
-        start = os.fstat(handle).st_size
-        try:
-            written = os.write(handle, data)
-            while written < len(data):  # a short write: the rest goes through, or the disk's refusal comes
-                written += os.write(handle, data[written:])
-            os.fsync(handle)
-        except BaseException as error:
-            with contextlib.suppress(OSError):
-                os.ftruncate(handle, start)
-            refusal = _refused(error, path)
-            if refusal:
-                raise refusal from error
-            raise
-    finally:
-        os.close(handle)
+    """Append ``record`` to the .jsonl file ``path`` as one line, whole or not at all, synced to the disk
+    (``storage.atomic.append_whole``); if even cutting a failed write back fails, the readers' check of every line
+    leaves it out (``read_result_lines``). A filesystem that refuses is one line naming ``path``."""
+    append_whole(path, (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"), sync=True)
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -686,7 +640,7 @@ def run_question_ids(settings: dict) -> set | None:
     to more questions). None when they cannot be known here: no task settings (schema 2, tests), a hub dataset
     (not downloaded for this), or a question file that is gone or no longer holds what the run read (its
     content_sha256 differs)."""
-    from specbench.artefacts import file_digest
+    from specbench.storage.manifest import file_digest
 
     task = settings.get("task") if isinstance(settings, dict) else None
     if not isinstance(task, dict) or not task.get("content_sha256"):

@@ -40,10 +40,10 @@ from specbench.models.loaded import weights_fingerprint
 from specbench.models.prompt_format import too_long_for_context
 from specbench.config import check_config
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
-from specbench.records import (SCHEMA_VERSION, Answer, RunDirectory, read_json_file, settings_differences,
-                               write_atomically)
+from specbench.records import SCHEMA_VERSION, Answer, RunDirectory, read_json_file, settings_differences
 from specbench.run_identity import loaded_placement, planned_settings, unrecorded_refusal
-from specbench.runlock import RunLock
+from specbench.storage.atomic import write_atomically
+from specbench.storage.run_lock import RunLock
 from specbench.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ def question_file_digest(path: str | None) -> str | None:
     """SHA-256 of the question file's content (the built-in sample set's when ``path`` is None; None for a hub
     dataset, whose id and revision name it): an edited file is another benchmark."""
     from specbench.questions import SAMPLE_QUESTIONS
-    from specbench.artefacts import file_digest
+    from specbench.storage.manifest import file_digest
 
     if path is None:
         return file_digest(SAMPLE_QUESTIONS)

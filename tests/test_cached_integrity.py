@@ -14,11 +14,13 @@ import pytest
 import torch
 from conftest import PROMPTS
 
-import specbench.target_answers as answers_module
-from specbench.drafters.draft_model import DraftModel, pruned_draft_directory
+import specbench.artefacts.target_answers as answers_module
+from specbench.artefacts.pruned_draft import pruned_draft_directory
+from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
-from specbench.training.pruning import build_pruned_draft, prune
-from specbench.target_answers import target_answers
+from specbench.artefacts.pruned_draft import build_pruned_draft
+from specbench.training.pruning import prune
+from specbench.artefacts.target_answers import target_answers
 
 SPEC = {"layers": 1, "selection": "first", "distill_tokens": 0, "corpus": "python-docs"}
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from specbench import records
-from specbench.artefacts import file_digest
+from specbench.storage.manifest import file_digest
 from specbench.questions import Prompt
 from specbench.errors import SpecbenchError
 from specbench.records import (Answer, RunDirectory, StepRecord, append_line, question_key, read_answers,

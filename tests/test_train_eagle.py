@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+import specbench.artefacts.trained_head as trained_heads
 import specbench.training.eagle as training
-from specbench.artefacts import read_manifest
+from specbench.storage.manifest import read_manifest
+from specbench.artefacts.trained_head import rebuild_command, trained_head, trained_head_directory
 from specbench.training.eagle import (
     build_trained_head,
     epoch_batches,
@@ -23,18 +25,15 @@ from specbench.training.eagle import (
     held_out_indices,
     make_batch,
     new_head,
-    rebuild_command,
     recipe_of,
     select_draft_vocabulary,
     staging_directory,
     target_sequences,
-    trained_head,
-    trained_head_directory,
     unrolled_outputs,
 )
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import build_tiny_random
-from specbench.target_answers import generate_answers
+from specbench.artefacts.target_answers import generate_answers
 
 EAGLE3_TINY = {"feature_layers": [0, 1, 2], "draft_vocab_size": 64}
 QUICK = {"train_steps": 6, "batch_sequences": 2, "held_out": 2, "warmup_steps": 2, "lr": 3e-3, "sampled_answers": 0}
@@ -256,7 +255,7 @@ def test_a_built_head_loads_back_strictly_and_fits_its_target(tiny, tiny_convers
     assert same_state(trained_head(tiny, directory, kind, spec, given=False), head)
     other = build_tiny_random(seed=5, hidden_size=32, num_heads=4)
     with pytest.raises(SpecbenchError, match="target features of width 64|embedding"):
-        training.load_trained_head(other, directory, kind, "rebuild it")
+        trained_heads.load_trained_head(other, directory, kind, "rebuild it")
 
 
 def test_an_untrained_head_needs_no_data(tiny, monkeypatch, tmp_path):

@@ -290,8 +290,9 @@ def plan_entries(artefacts: Iterable[Artefact]) -> list[PlannedArtefact]:
 
 
 def fetch(artefacts: dict[str, Artefact]) -> dict[str, object]:
-    """Every artefact of ``artefacts`` loaded (``Artefact.get``), under the same names: each is checked first
-    (``Artefact.check``), so that a missing input is one line before minutes of building another."""
+    """Every artefact of ``artefacts`` loaded (``Artefact.get``), under the same names: each one not cached yet is
+    checked first (``Artefact.check``), so that a missing input is one line before minutes of building another."""
     for artefact in artefacts.values():
-        artefact.check()
+        if not artefact.cached():
+            artefact.check()
     return {name: artefact.get() for name, artefact in artefacts.items()}

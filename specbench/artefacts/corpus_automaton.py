@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 

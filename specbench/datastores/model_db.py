@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specbench.artefacts import read_manifest, replace_directory, verify_files
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
 from specbench.datastores.ngram_pool import RankedNGrams
 from specbench.datastores.prompts import MODEL_DB_PROMPTS
 from specbench.datastores.suffix_array import out_of_vocabulary

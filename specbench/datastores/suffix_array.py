@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specbench.artefacts import read_manifest, replace_directory, verify_files
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
 from specbench.errors import SpecbenchError, damage_reason
 
 FORMAT_VERSION = 1

@@ -31,11 +31,22 @@ from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, Static
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.drafters.base import require_choice, require_non_negative, require_number, require_positive
 from specbench.drafters.recycling import TokenRecycling
-from specbench.errors import SpecbenchError
 
 log = logging.getLogger(__name__)
 
 AUXILIARIES = ("recycling", "none")
+
+
+def corpus_automata(drafter, target) -> dict:
+    """The cached corpus automaton a drafter with a ``corpus`` (and no automaton given by path) loads into its
+    ``static``; {} for one without a corpus."""
+    from specbench.artefacts.base import prepare_command
+    from specbench.artefacts.corpus_automaton import CorpusAutomaton
+
+    if drafter.corpus is None:
+        return {}
+    return {"static": CorpusAutomaton(target, drafter.corpus, drafter.cache_dir,
+                                      prepare_command(target.name, drafter.name))}
 
 
 class FollowsContext:
@@ -112,25 +123,21 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
         self._root = -1
 
     def prepare(self, target, sampling=None) -> None:
+        from specbench.artefacts.base import fetch
+
         if self.automaton_path is not None:
-            from specbench.datastores.build import vocab_size
+            from specbench.artefacts.statistics_datastore import vocab_size
 
             fix = ("point drafter.automaton at a whole automaton, or set drafter.automaton=null "
                    f"drafter.corpus={self.corpus or 'python-docs'} to build the corpus's automaton in the cache")
             self.static = StaticSuffixAutomaton.load(self.automaton_path, vocab_size=vocab_size(target), fix=fix)
-        elif self.corpus is not None:
-            from specbench.artefacts import prepare_command
-
-            self.static = corpus_automaton(target, self.corpus, self.cache_dir, prepare_command(target.name, self.name))
+        else:
+            self.static = fetch(corpus_automata(self, target)).get("static")
         if self.recycling is not None:
             self.recycling.prepare(target)
 
     def artefacts(self, target) -> list:
-        from specbench.artefacts import prepare_command
-
-        if self.automaton_path is not None or self.corpus is None:
-            return []
-        return planned_automaton(target, self.corpus, self.cache_dir, prepare_command(target.name, self.name))
+        return list(corpus_automata(self, target).values()) if self.automaton_path is None else []
 
     def propose(self, context_ids: np.ndarray) -> Draft:
         self._root = root = self.follow(context_ids)

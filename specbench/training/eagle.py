@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import shutil
 import time
 from dataclasses import dataclass, fields
