@@ -42,7 +42,7 @@ from analysis.runs import (BASELINE_NEEDS, METHOD_NEEDS, check_answer_records, r
                            read_summary, record_task)
 from specbench.measure import metrics  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
-from specbench.storage.refusal import refusing_writes
+from specbench.storage.refusal import refusing_writes  # noqa: E402
 
 
 def retokenised_turn_tokens(tokenizer, record: dict) -> list[int]:

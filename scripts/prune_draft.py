@@ -35,7 +35,7 @@ from specbench.config import compose  # noqa: E402
 from specbench.artefacts.pruned_draft import pruned_draft_directory  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.artefacts.pruned_draft import build_pruned_draft  # noqa: E402
-from specbench.training.pruning import SELECTIONS
+from specbench.training.pruning import SELECTIONS  # noqa: E402
 
 
 def main() -> None:

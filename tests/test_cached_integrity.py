@@ -1,5 +1,5 @@
 """Damage that keeps a file's size and modification time is caught in cached pruned drafts and target answers
-(their files' checksums, artefacts.verify_files), and a write the filesystem refuses is one line naming the file,
+(their files' checksums, storage.manifest.verify_files), and a write the filesystem refuses is one line naming the file,
 leaving no half-written rows for a resumed generation to trust."""
 
 from __future__ import annotations

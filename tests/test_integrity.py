@@ -1,5 +1,5 @@
 """Damage that keeps a file's size and modification time is caught on load, for every cached artefact (converted
-model copies, datastores, automata, model databases): one check in artefacts.verify_files. Each damage writes in
+model copies, datastores, automata, model databases): one check in storage.manifest.verify_files. Each damage writes in
 the middle of a file and sets its modification time back with os.utime, which leaves only the change time (ctime)
 to tell; before, such a file was trusted without being hashed."""
 
@@ -182,7 +182,7 @@ def test_a_converted_copy_damaged_in_place_is_converted_again(tmp_path, monkeypa
     [warning] = warnings_of(caplog)
     assert "is damaged (model.safetensors is not the file that was written" in warning and "again" in warning
     assert all(torch.equal(tensor, weights[name]) for name, tensor in second.model.state_dict().items())
-    assert gguf.converted_copy_problem(copy) is None
+    assert gguf_conversion.converted_copy_problem(copy) is None
 
 
 # ---- cached databases ----------------------------------------------------------------------------------------

@@ -301,9 +301,9 @@ def appending_half_then(refusal: int, monkeypatch, truncate_fails=False):
             return real_write(handle, data[: len(data) // 2])
         raise OSError(refusal, os.strerror(refusal))
 
-    monkeypatch.setattr(records.os, "write", write)
+    monkeypatch.setattr(os, "write", write)
     if truncate_fails:
-        monkeypatch.setattr(records.os, "ftruncate", lambda handle, size: full_disk())
+        monkeypatch.setattr(os, "ftruncate", lambda handle, size: full_disk())
     return calls
 
 
@@ -337,7 +337,7 @@ def test_a_half_line_left_by_a_full_disk_is_caught_on_read(tmp_path, monkeypatch
 def test_appending_writes_a_whole_line_in_one_call(tmp_path, monkeypatch):
     calls = []
     real_write = os.write
-    monkeypatch.setattr(records.os, "write", lambda handle, data: (calls.append(data), real_write(handle, data))[1])
+    monkeypatch.setattr(os, "write", lambda handle, data: (calls.append(data), real_write(handle, data))[1])
     append_line(tmp_path / "answers.jsonl", {"question_id": 1, "text": "déjà"})
     assert calls == [(json.dumps({"question_id": 1, "text": "déjà"}, ensure_ascii=False) + "\n").encode()]
 
