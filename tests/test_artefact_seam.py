@@ -19,8 +19,8 @@ from specbench.config import compose
 from specbench.errors import SpecbenchError
 
 PACKAGE = Path(specbench.__file__).parent
-KINDS = {"TargetAnswers", "StatisticsDatastore", "ModelDatabase", "CorpusAutomaton", "PrunedDraft", "TrainedHead",
-         "GgufConversion"}
+KINDS = {"TargetAnswers", "SampledAnswers", "StatisticsDatastore", "ModelDatabase", "CorpusAutomaton", "PrunedDraft",
+         "TrainedHead", "GgufConversion"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -50,6 +50,13 @@ def test_storage_imports_nothing_above_it():
 
 def test_datastores_import_nothing_above_them():
     assert upward_imports("datastores", ("specbench.datastores", "specbench.storage", "specbench.errors")) == []
+
+
+def test_the_training_algorithms_know_nothing_of_the_cache():
+    """Pruning, distillation and the EAGLE training loop are given their data; what is cached, and how, is the
+    artefacts' business."""
+    assert upward_imports("training", ("specbench.training", "specbench.models", "specbench.storage",
+                                       "specbench.errors")) == []
 
 
 def test_the_import_check_catches_an_upward_import(tmp_path):

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 
+import specbench.artefacts.target_answers as answers_module
 import specbench.artefacts.trained_head as trained_heads
 import specbench.training.eagle as training
 from specbench.storage.manifest import read_manifest
 from specbench.artefacts.trained_head import rebuild_command, trained_head, trained_head_directory
+from specbench.artefacts.trained_head import build_trained_head, staging_directory
 from specbench.training.eagle import (
-    build_trained_head,
     epoch_batches,
     held_out_acceptance,
     held_out_indices,
@@ -27,7 +28,6 @@ from specbench.training.eagle import (
     new_head,
     recipe_of,
     select_draft_vocabulary,
-    staging_directory,
     target_sequences,
     unrolled_outputs,
 )
@@ -61,8 +61,8 @@ def prompts_of(count: int, seed: int = 0) -> list[str]:
 @pytest.fixture
 def tiny_conversations(tiny, monkeypatch):
     conversations = conversations_of(tiny)
-    monkeypatch.setattr(training, "training_conversations", lambda target: conversations)
-    monkeypatch.setattr(training, "training_prompts", lambda target: prompts_of(10))
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target: conversations)
+    monkeypatch.setattr(trained_heads, "training_prompts", lambda target: prompts_of(10))
     return conversations
 
 
@@ -259,7 +259,7 @@ def test_a_built_head_loads_back_strictly_and_fits_its_target(tiny, tiny_convers
 
 
 def test_an_untrained_head_needs_no_data(tiny, monkeypatch, tmp_path):
-    monkeypatch.setattr(training, "training_conversations", lambda target: pytest.fail("data was read"))
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target: pytest.fail("data was read"))
     head = trained_head(tiny, tmp_path / "random", "eagle3", {**EAGLE3_TINY, "train_steps": 0}, given=False)
     assert head.to_target_ids(torch.arange(64)).tolist() == list(range(64))
 
@@ -307,11 +307,11 @@ def test_a_checkpoint_of_other_settings_is_not_resumed(tiny, tiny_conversations,
 def test_sampled_answers_are_cached_and_an_interrupted_generation_resumes_to_the_same_answers(tiny, tmp_path,
                                                                                             monkeypatch):
     prompts = prompts_of(5)
-    whole = training.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
+    whole = answers_module.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
                                      cache_dir=str(tmp_path / "whole"))
     assert len(whole) == 10 and [prompt for prompt, _ in whole[:5]] == [prompt for prompt, _ in whole[5:]]
     assert [answer for _, answer in whole[:5]] != [answer for _, answer in whole[5:]]  # sampled, not greedy
-    sample_batch = training._sample_batch
+    sample_batch = answers_module._sample_batch
     calls = []
 
     def failing_third(*args):
@@ -320,16 +320,16 @@ def test_sampled_answers_are_cached_and_an_interrupted_generation_resumes_to_the
             raise KeyboardInterrupt
         return sample_batch(*args)
 
-    monkeypatch.setattr(training, "_sample_batch", failing_third)
+    monkeypatch.setattr(answers_module, "_sample_batch", failing_third)
     with pytest.raises(KeyboardInterrupt):
-        training.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
+        answers_module.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
                                  cache_dir=str(tmp_path / "resumed"))
     calls.clear()
-    resumed = training.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
+    resumed = answers_module.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
                                        cache_dir=str(tmp_path / "resumed"))
     assert resumed == whole and len(calls) == 2  # the two batches that were not written yet
-    monkeypatch.setattr(training, "_sample_batch", lambda *args: pytest.fail("sampled again"))
-    assert training.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
+    monkeypatch.setattr(answers_module, "_sample_batch", lambda *args: pytest.fail("sampled again"))
+    assert answers_module.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
                                     cache_dir=str(tmp_path / "whole")) == whole
 
 

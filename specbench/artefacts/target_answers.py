@@ -397,3 +397,106 @@ def whole_rows(file: Path, limit: int, cut: bool = True) -> list[tuple[list[int]
 def append_answers(staging: Path, pairs) -> None:
     """Append the rows of one batch to ``staging``, whole or not at all (``storage.atomic.append_whole``)."""
     append_whole(staging, "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs).encode("utf-8"))
+
+
+# ---- answers sampled from the target (an EAGLE head's training data) -------------------------------------------
+
+
+class SampledAnswers(Artefact):
+    """``per_prompt`` answers to each prompt sampled from the target at ``temperature``: more of the target's own
+    text than its greedy answers give, near the paths it drafts on. Generated once and cached like
+    ``TargetAnswers`` (checksummed; one process generates while others wait), batch by batch through a staging
+    file that an interrupted generation resumes from. Each batch draws from a generator seeded by (seed, batch),
+    so a resumed generation samples what an uninterrupted one would."""
+
+    def __init__(self, target, prompts: list[str], per_prompt: int, temperature: float, seed: int,
+                 max_new_tokens: int = 256, batch_size: int = 16, cache_dir: str | None = None):
+        self.target, self.per_prompt, self.temperature, self.seed = target, per_prompt, temperature, seed
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self.jobs = [prompt for _ in range(per_prompt) for prompt in prompts]
+        self.directory = cached_path(cache_dir, "answers", f"{target.name}-sampled",
+                                     {"source": target.source, "prompts": prompts, "per_prompt": per_prompt,
+                                      "temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens,
+                                      "batch_size": batch_size})
+        self.command = prepare_command(target.name)
+
+    @property
+    def what(self) -> str:
+        return (f"{self.per_prompt} answers of {self.target.name} sampled at temperature {self.temperature:g} to each "
+                f"of {len(self.jobs) // max(1, self.per_prompt)} prompts")
+
+    @property
+    def label(self) -> str:
+        return f"sampled answer set of {self.target.name}"
+
+    def estimate(self) -> tuple[float | None, str]:
+        return None, "generated within the build of the head that trains on them"
+
+    def rebuild_command(self) -> str:
+        return f"remove {self.directory} to have them generated again"
+
+    def build(self) -> None:
+        _sample_into(self.directory, self.target, self.jobs, self.temperature, self.seed, self.max_new_tokens,
+                     self.batch_size)
+
+    def load(self) -> list[tuple[list[int], list[int]]]:
+        return read_answers(self.directory, len(self.jobs))
+
+
+def sampled_answers(target, prompts: list[str], per_prompt: int, temperature: float, seed: int,
+                    max_new_tokens: int = 256, batch_size: int = 16, cache_dir: str | None = None
+                    ) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of ``SampledAnswers``, generated first if need be."""
+    return SampledAnswers(target, prompts, per_prompt, temperature, seed, max_new_tokens, batch_size, cache_dir).get()
+
+
+def _sample_into(directory: Path, target, jobs: list[str], temperature: float, seed: int, max_new_tokens: int,
+                 batch_size: int) -> None:
+    staging = directory.with_name(f"{directory.name}.partial")
+    pairs = whole_rows(staging, len(jobs))
+    done = len(pairs) if len(pairs) == len(jobs) else len(pairs) // batch_size * batch_size
+    if done < len(pairs):  # the rows of a batch whose writing was killed: sampled again, with its own seed
+        pairs = pairs[:done]
+        staging.unlink()
+        append_answers(staging, pairs)
+    for begin in tqdm(range(done, len(jobs), batch_size), desc=f"{target.name} sampling answers", unit="batch"):
+        batch = _sample_batch(target, jobs[begin:begin + batch_size], temperature, max_new_tokens,
+                              seed * 1_000_003 + begin // batch_size)
+        append_answers(staging, batch)
+        pairs += batch
+    lines = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs)
+    replace_directory(directory, lambda version: (version / ANSWERS_FILE).write_text(lines, encoding="utf-8"),
+                      {"kind": "sampled target answers", "model": {"name": target.name, "source": target.source},
+                       "answers": len(pairs), "temperature": temperature, "seed": seed,
+                       "max_new_tokens": max_new_tokens})
+    with contextlib.suppress(OSError):
+        staging.unlink(missing_ok=True)
+
+
+@torch.inference_mode()
+def _sample_batch(target, prompts: list[str], temperature: float, max_new_tokens: int, seed: int):
+    """Sampled answers (up to the target's EOS) to ``prompts``, left-padded into one batch."""
+    pad = min(target.eos_token_ids)
+    encoded = [target.encode_conversation([prompt], []) for prompt in prompts]
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        attention[row, width - len(ids):] = 1
+    device = target.backend.input_device
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)  # generate() samples from the global generator
+    try:
+        output = target.model.generate(input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
+                                       temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                                       pad_token_id=pad, eos_token_id=sorted(target.eos_token_ids))
+    finally:
+        torch.random.set_rng_state(state)
+    answers = []
+    for ids, row in zip(encoded, output[:, width:].tolist()):
+        cut = next((i for i, token in enumerate(row) if token in target.eos_token_ids), len(row))
+        answers.append((ids, row[:cut]))
+    return answers
+
+
