@@ -52,6 +52,13 @@ def test_datastores_import_nothing_above_them():
     assert upward_imports("datastores", ("specbench.datastores", "specbench.storage", "specbench.errors")) == []
 
 
+def test_the_artefacts_import_no_drafter_runner_or_entry_point():
+    """Builders sit below the drafters that name them and the runs that load them."""
+    assert upward_imports("artefacts", ("specbench.artefacts", "specbench.storage", "specbench.errors",
+                                        "specbench.datastores", "specbench.training", "specbench.models",
+                                        "specbench.questions")) == []
+
+
 def test_the_training_algorithms_know_nothing_of_the_cache():
     """Pruning, distillation and the EAGLE training loop are given their data; what is cached, and how, is the
     artefacts' business."""
