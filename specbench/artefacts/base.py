@@ -232,7 +232,7 @@ class Artefact(ABC):
 
     @abstractmethod
     def rebuild_command(self) -> str:
-        """The command that rebuilds it where it is, named by the one line that says it is damaged."""
+        """The command that builds it again where it is (what a line saying it is damaged names)."""
 
     @abstractmethod
     def build(self) -> None:

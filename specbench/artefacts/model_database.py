@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 
 import specbench
-from specbench.artefacts.base import Artefact, PlannedArtefact
+from specbench.artefacts.base import Artefact
 from specbench.artefacts.target_answers import TargetAnswers, target_answers
 from specbench.artefacts.statistics_datastore import UNKNOWN_SOURCE, recorded_source, tokenizer_manifest, vocab_size
 from specbench.datastores.model_db import count_document_ngrams, load_model_db, save_model_db
@@ -141,15 +141,6 @@ def load_database(target, directory, key_tokens: int, continuation_length: int, 
                   least_frequent_first: bool, command: str):
     return load_model_db(directory, target.tokenizer_fingerprint, key_tokens, continuation_length, capacity,
                          least_frequent_first, vocab_size=vocab_size(target), command=command)
-
-
-def planned_model_db(target, key_tokens: int, continuation_length: int, build: dict, cache_dir: str | None = None,
-                     command: str | None = None) -> list[PlannedArtefact]:
-    """What ``model_db(..., "auto", ...)`` looks up, as plan entries: the answers (unless the database is cached,
-    when they are not read) and the database counted from them."""
-    from specbench.artefacts.base import plan_entries
-
-    return plan_entries([ModelDatabase(target, key_tokens, continuation_length, 0, build, cache_dir, command=command)])
 
 
 def model_db(target, path: str, key_tokens: int, continuation_length: int, capacity: int, build: dict,

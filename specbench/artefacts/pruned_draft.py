@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.artefacts import target_answers as answers
-from specbench.artefacts.base import Artefact, PlannedArtefact, relative_size
+from specbench.artefacts.base import Artefact, relative_size
 from specbench.artefacts.statistics_datastore import checked_corpus
 from specbench.errors import SpecbenchError
 from specbench.storage.cache import cache_root, cached_path
@@ -76,7 +76,7 @@ class PrunedDraft(Artefact):
                 f"x {scale:.3g} for this target's size; plus about 10 s of pruning and saving")
 
     def rebuild_command(self) -> str:
-        return f"rebuild it with `{rebuild_command(self.target, self.directory, self.settings)}`"
+        return rebuild_command(self.target, self.directory, self.settings)
 
     def inputs(self) -> list[Artefact]:
         if self.tokens == 0 or self.settings.get("corpus") != TARGET_ANSWERS:
@@ -97,7 +97,7 @@ class PrunedDraft(Artefact):
                            rest.pop("distill_tokens", 0), rest.pop("corpus", "python-docs"), **rest)
 
     def load(self) -> torch.nn.Module:
-        return load_pruned_draft(self.directory, self.target.dtype, self.rebuild_command(),
+        return load_pruned_draft(self.directory, self.target.dtype, f"rebuild it with `{self.rebuild_command()}`",
                                  require_manifest=not self.given)
 
     def get(self) -> torch.nn.Module:
@@ -111,14 +111,6 @@ class PrunedDraft(Artefact):
             if directory.exists():
                 return self.load()
         return super().get()
-
-
-def planned_pruned_draft(target, directory: Path, settings: dict, command: str) -> list[PlannedArtefact]:
-    """What ``pruned_draft`` looks up, as plan entries: the target's answers when it distils on them (unless the
-    draft is cached) and the draft."""
-    from specbench.artefacts.base import plan_entries
-
-    return plan_entries([PrunedDraft(target, directory, settings, command=command)])
 
 
 def pruned_draft(target, directory: Path, settings: dict, given: bool, command: str | None = None) -> torch.nn.Module:

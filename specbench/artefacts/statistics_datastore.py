@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 import specbench
-from specbench.artefacts.base import Artefact, PlannedArtefact, announce_build
+from specbench.artefacts.base import Artefact, announce_build
 from specbench.datastores.corpus import (
     DEFAULT_CORPUS,
     corpus_bytes,
@@ -169,12 +169,6 @@ class StatisticsDatastore(Artefact):
     def load(self) -> TokenDatastore:
         return TokenDatastore.load(self.directory, self.target.tokenizer_fingerprint, vocab_size(self.target),
                                    self.rebuild_command())
-
-
-def planned_statistics(target, corpus: str, cache_dir: str | None = None, what: str = "statistics datastore",
-                       command: str | None = None) -> PlannedArtefact:
-    """The plan entry of the datastore ``statistics_datastore(..., "auto", corpus)`` looks up."""
-    return StatisticsDatastore(target, corpus, cache_dir, what, command).plan()
 
 
 def statistics_datastore(target, path: str, corpus: str = DEFAULT_CORPUS, cache_dir: str | None = None,

@@ -154,7 +154,7 @@ class TargetAnswers(Artefact):
         return False, damage
 
     def rebuild_command(self) -> str:
-        return f"remove {self.directory} to have them generated again"
+        return self.command
 
     def build(self) -> None:
         # Answers the package ships are installed, under the build lock, where none are cached and where the
@@ -433,7 +433,7 @@ class SampledAnswers(Artefact):
         return None, "generated within the build of the head that trains on them"
 
     def rebuild_command(self) -> str:
-        return f"remove {self.directory} to have them generated again"
+        return self.command
 
     def build(self) -> None:
         _sample_into(self.directory, self.target, self.jobs, self.temperature, self.seed, self.max_new_tokens,

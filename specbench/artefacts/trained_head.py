@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specbench.artefacts.base import Artefact, PlannedArtefact
+from specbench.artefacts.base import Artefact
 from specbench.artefacts.target_answers import (
     TargetAnswers,
     read_prompts,
@@ -108,7 +108,7 @@ class TrainedHead(Artefact):
                 "measured for SmolLM2-135M, scaled by hidden size squared; answers not cached yet come on top")
 
     def rebuild_command(self) -> str:
-        return f"rebuild it with `{rebuild_command(self.target, self.directory, self.kind, self.spec)}`"
+        return rebuild_command(self.target, self.directory, self.kind, self.spec)
 
     def inputs(self) -> list[Artefact]:
         # The greedy answers it trains on (training_conversations: target_answers' defaults).
@@ -120,7 +120,7 @@ class TrainedHead(Artefact):
         build_trained_head(self.target, self.directory, self.kind, **self.spec)
 
     def load(self):
-        return load_trained_head(self.target, self.directory, self.kind, self.rebuild_command())
+        return load_trained_head(self.target, self.directory, self.kind, f"rebuild it with `{self.rebuild_command()}`")
 
     def get(self):
         if self.given:
@@ -131,11 +131,6 @@ class TrainedHead(Artefact):
             if directory.exists():
                 return self.load()
         return super().get()
-
-
-def planned_head(target, directory: Path, kind: str, spec: dict, command: str | None = None) -> PlannedArtefact:
-    """The plan entry of the head ``trained_head`` looks up."""
-    return TrainedHead(target, directory, kind, spec, command=command).plan()
 
 
 def trained_head(target, directory: Path, kind: str, spec: dict, given: bool, prepare: str | None = None):
