@@ -59,7 +59,8 @@ from analysis.tables import acceptance_table, leaderboard, render, render_accept
 from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirements_text,  # noqa: E402
                                  token_costs)
 from specbench.questions import TASKS  # noqa: E402
-from specbench.errors import SpecbenchError, storage_refusal  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
+from specbench.storage.refusal import storage_refusal  # noqa: E402
 
 USER_ERROR = 2  # as specbench's own entry point: a problem with the input, explained in one line
 SHOWN_PROBLEMS = 3  # problems quoted in the one line that says nothing usable is left

@@ -34,8 +34,7 @@ from hydra.utils import instantiate  # noqa: E402
 from specbench.config import compose  # noqa: E402
 from specbench.decoding.loop import Decoder  # noqa: E402
 from specbench.targets.transformers import TransformersTarget  # noqa: E402
-from specbench.drafters.draft_model import pruned_draft_directory  # noqa: E402
-from specbench.training.pruning import build_pruned_draft  # noqa: E402
+from specbench.artefacts.pruned_draft import build_pruned_draft, pruned_draft_directory  # noqa: E402
 from specbench.runner import run_benchmark  # noqa: E402
 
 

@@ -30,9 +30,10 @@ if __name__ == "__main__":
 
 from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
 
-from specbench.artefacts import cache_root, require_writable  # noqa: E402
+from specbench.storage.cache import cache_root  # noqa: E402
+from specbench.storage.publish import require_writable  # noqa: E402
 from specbench.config import compose  # noqa: E402
-from specbench.datastores.build import build_datastore, statistics_datastore  # noqa: E402
+from specbench.artefacts.statistics_datastore import build_datastore, statistics_datastore  # noqa: E402
 from specbench.datastores.corpus import DEFAULT_CORPUS  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 

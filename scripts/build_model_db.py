@@ -31,9 +31,9 @@ if __name__ == "__main__":
 
 from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
 
-from specbench.artefacts import require_writable  # noqa: E402
+from specbench.storage.publish import require_writable  # noqa: E402
 from specbench.config import compose  # noqa: E402
-from specbench.datastores.build import build_model_db, model_db  # noqa: E402
+from specbench.artefacts.model_database import build_model_db, model_db  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 
 

@@ -41,7 +41,8 @@ import pandas as pd  # noqa: E402  (after the interrupt handler, on purpose)
 from analysis.runs import (BASELINE_NEEDS, METHOD_NEEDS, check_answer_records, read_jsonl,  # noqa: E402
                            read_summary, record_task)
 from specbench.measure import metrics  # noqa: E402
-from specbench.errors import SpecbenchError, refusing_writes  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
+from specbench.storage.refusal import refusing_writes  # noqa: E402
 
 
 def retokenised_turn_tokens(tokenizer, record: dict) -> list[int]:

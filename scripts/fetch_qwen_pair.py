@@ -32,7 +32,7 @@ if __name__ == "__main__":
 
 from tqdm import tqdm  # noqa: E402  (after the interrupt handler, on purpose)
 
-from specbench.artefacts import cache_root  # noqa: E402
+from specbench.storage.cache import cache_root  # noqa: E402
 
 MODELS = {
     "qwen2.5-coder-1.5b-instruct.gguf": {

@@ -30,11 +30,12 @@ if __name__ == "__main__":
 
 from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
 
-from specbench.artefacts import require_writable  # noqa: E402
+from specbench.storage.publish import require_writable  # noqa: E402
 from specbench.config import compose  # noqa: E402
-from specbench.drafters.draft_model import pruned_draft_directory  # noqa: E402
+from specbench.artefacts.pruned_draft import pruned_draft_directory  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
-from specbench.training.pruning import SELECTIONS, build_pruned_draft  # noqa: E402
+from specbench.artefacts.pruned_draft import build_pruned_draft  # noqa: E402
+from specbench.training.pruning import SELECTIONS  # noqa: E402
 
 
 def main() -> None:

@@ -32,11 +32,11 @@ from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import specbench  # noqa: E402
-from specbench.artefacts import require_writable  # noqa: E402
+from specbench.storage.publish import require_writable  # noqa: E402
 from specbench.config import compose  # noqa: E402
-from specbench.datastores.build import model_db_prompt_set  # noqa: E402
+from specbench.artefacts.model_database import model_db_prompt_set  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
-from specbench.target_answers import SHIPPED_ANSWERS_DIR, write_shipped_answers  # noqa: E402
+from specbench.artefacts.target_answers import SHIPPED_ANSWERS_DIR, write_shipped_answers  # noqa: E402
 
 LICENSE = ("the greedy answers of SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) to specbench's own prompts "
            "(specbench/data/model_db_prompts.jsonl); model output shipped under the model's Apache-2.0 license")

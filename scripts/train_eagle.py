@@ -36,13 +36,8 @@ if __name__ == "__main__":
 from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
 
 from specbench.config import compose  # noqa: E402
-from specbench.training.eagle import (  # noqa: E402
-    DEFAULT_TRAIN_STEPS,
-    KINDS,
-    Recipe,
-    build_trained_head,
-    trained_head_directory,
-)
+from specbench.artefacts.trained_head import build_trained_head, trained_head_directory  # noqa: E402
+from specbench.training.eagle import DEFAULT_TRAIN_STEPS, KINDS, Recipe  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 
 HELP = {

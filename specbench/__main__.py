@@ -26,10 +26,10 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from specbench.artefacts import os_error_of, unique_suffix, write_refusal  # noqa: E402
 from specbench.config import register_resolvers  # noqa: E402
-from specbench.errors import (SpecbenchError, config_error_line, raise_refusal, storage_refusal,  # noqa: E402
-                              user_error_line)
+from specbench.errors import SpecbenchError, config_error_line, user_error_line  # noqa: E402
+from specbench.storage.atomic import write_atomically  # noqa: E402
+from specbench.storage.refusal import os_error_of, raise_refusal, refusal_of, storage_refusal  # noqa: E402
 
 register_resolvers()  # the configs interpolate ${method:...} and ${initials:...}
 
@@ -57,18 +57,8 @@ def record_hydra_config(cfg: DictConfig, run_path: Path) -> None:
 
 
 def _save_whole(node, path: Path) -> None:
-    """``OmegaConf.save`` through a file beside ``path``, renamed over it once written; a refused write is the
-    one line naming ``path``."""
-    partial = path.with_name(f".{path.name}.{unique_suffix()}")
-    try:
-        OmegaConf.save(node, partial)
-        os.replace(partial, path)
-    except OSError as error:
-        try:
-            partial.unlink(missing_ok=True)
-        except OSError:
-            pass  # a read-only filesystem let nothing be written
-        raise_refusal(error, path)
+    """``OmegaConf.save`` written atomically (``storage.atomic``); a refused write is the one line naming ``path``."""
+    write_atomically(path, lambda partial: OmegaConf.save(node, partial))
 
 
 _run_log_handlers: list[logging.Handler] = []  # closed when the job ends (a sweep runs jobs in one process)
@@ -78,7 +68,7 @@ def _print_refusal(error: BaseException) -> bool:
     """Print the one line of a write the filesystem refused and return True; False for anything else."""
     os_error = os_error_of(error)
     where = os_error.filename if os_error is not None and os_error.filename else "a file the error does not name"
-    refusal = write_refusal(error, where)
+    refusal = refusal_of(error, where)
     if refusal is None:
         return False
     print(f"specbench: error: {refusal}", file=sys.stderr)

@@ -8,7 +8,8 @@ pruned drafts, trained EAGLE heads), so that the first ``python -m specbench dra
     python -m specbench.prepare --drafters hd drafter.statistics_corpus=/data/corpus.txt run.device=cuda
 
 Each drafter's configuration is composed as ``python -m specbench model=M drafter=D OVERRIDES`` composes it, and
-built by the drafter's own ``prepare``, so what is built here is exactly what those runs look up. The plan comes
+what is built is the drafter's own ``artefacts(target)``, the objects its ``prepare`` loads, so what is built here
+is exactly what those runs look up. The plan comes
 first; then each build with its progress bar. Builds resume where an interrupted one stopped.
 
 Exit status: 0 done, 2 a user error (one line), 130 interrupted (one line).
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import replace
 
 from specbench.errors import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
@@ -32,7 +32,8 @@ _interrupts = Interrupts("prepare: interrupted before it started",
 if __name__ == "__main__":
     _interrupts.arm()  # before the imports below, which take seconds
 
-from specbench.artefacts import PlannedArtefact, duration_text  # noqa: E402  (after the interrupt handler, on purpose)
+from specbench.artefacts.base import PlannedArtefact, duration_text, fetch, plan_entries  # noqa: E402  (after the
+# interrupt handler, on purpose)
 from specbench.config import check_config, compose, group_options  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 
@@ -99,27 +100,26 @@ def unique(plan: list[tuple[str, PlannedArtefact]]) -> list[tuple[str, PlannedAr
 
 
 def prepare(args: argparse.Namespace) -> int:
-    from specbench.decoding.sampling import Sampling
     from specbench.run.instantiate import build
 
     names, named = chosen_drafters(args.drafters)
     configs = {name: composed(args.model, name, args.overrides) for name in names}
     cfg, settings = configs[names[0]]
     target = build(cfg.model, device=settings.device, linear_backend=settings.linear_backend)
-    drafters, plan, skipped = {}, [], []
+    needed, plan, skipped = {}, [], []
     for name in names:
         cfg, settings = configs[name]
         drafter = build(cfg.drafter)
         try:
-            planned = drafter.artefacts(target)
+            artefacts = drafter.artefacts(target)
         except SpecbenchError:
             if named:
                 raise
             skipped.append(name)  # a drafter with nothing it can use for this model: its run says so, in one line
             continue
-        if planned:
-            drafters[name] = (drafter, settings)
-            plan += [(name, artefact) for artefact in planned]
+        if artefacts:
+            needed[name] = artefacts
+            plan += [(name, entry) for entry in plan_entries(artefacts)]
         elif named:
             print(f"prepare: drafter={name} needs nothing built for {target.name}")
     plan = unique(plan)
@@ -129,16 +129,12 @@ def prepare(args: argparse.Namespace) -> int:
         print(f"  not prepared, having no draft for {target.name} without settings of your own: {', '.join(skipped)}")
     if args.dry_run:
         return 0
-    for name, (drafter, settings) in drafters.items():
+    for name, artefacts in needed.items():
         if all(planned.ready() for drafter_name, planned in plan if drafter_name == name):
             continue
         print(f"prepare: building what drafter={name} needs", flush=True)
-        # With the run's sampling settings, as the runner calls it.
-        drafter.prepare(target, Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p),
-                                         seed=settings.seed))
-    missing = [planned for _, planned in plan if not replace(planned).ready()]  # checked afresh after the builds
-    if missing:  # an artefact a drafter's prepare did not build: the plan and the builders disagree
-        raise SpecbenchError(f"{missing[0].what} is still not in {missing[0].directory} after its drafter's build")
+        # The very objects the drafter's prepare loads in a run: built (and checked by loading) here.
+        fetch(dict(enumerate(artefacts)))
     print(f"prepare: done; every artefact above is in the cache, so python -m specbench model={args.model} "
           "drafter=... starts at once")
     return 0

@@ -31,7 +31,7 @@ from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import Answer
 from specbench.run.identity import already_finished, check_resumable, config_settings, earlier_settings, planned_settings
 from specbench.run.threads import choose_threads
-from specbench.runlock import RunLock
+from specbench.storage.run_lock import RunLock
 from specbench.settings import RunSettings
 
 log = logging.getLogger(__name__)

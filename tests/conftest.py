@@ -13,7 +13,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from specbench.artefacts import cache_root
+from specbench.storage.cache import cache_root
 from specbench.config import compose
 from specbench.decoding.contract import Draft, Drafter
 

@@ -15,15 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from specbench.artefacts import (
-    FileLock,
-    load_or_rebuild,
-    read_manifest,
-    replace_directory,
-    unique_suffix,
-    verify_files,
-    versions_dir,
-)
+from specbench.artefacts.base import load_or_rebuild
+from specbench.storage.atomic import unique_suffix
+from specbench.storage.cache import versions_dir
+from specbench.storage.locks import FileLock
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
 from specbench.errors import SpecbenchError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILDER = r"""
 import os, sys, time
 from pathlib import Path
-from specbench.artefacts import load_or_rebuild, read_manifest, replace_directory, verify_files
+from specbench.artefacts.base import load_or_rebuild
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
 from specbench.errors import SpecbenchError
 
 directory, builds, started = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])

@@ -1,5 +1,5 @@
 """Damage that keeps a file's size and modification time is caught in cached pruned drafts and target answers
-(their files' checksums, artefacts.verify_files), and a write the filesystem refuses is one line naming the file,
+(their files' checksums, storage.manifest.verify_files), and a write the filesystem refuses is one line naming the file,
 leaving no half-written rows for a resumed generation to trust."""
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ import pytest
 import torch
 from conftest import PROMPTS
 
-import specbench.target_answers as answers_module
-from specbench.drafters.draft_model import DraftModel, pruned_draft_directory
+import specbench.artefacts.target_answers as answers_module
+from specbench.artefacts.pruned_draft import pruned_draft_directory
+from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
-from specbench.training.pruning import build_pruned_draft, prune
-from specbench.target_answers import target_answers
+from specbench.artefacts.pruned_draft import build_pruned_draft
+from specbench.training.pruning import prune
+from specbench.artefacts.target_answers import target_answers
 
 SPEC = {"layers": 1, "selection": "first", "distill_tokens": 0, "corpus": "python-docs"}
 

@@ -182,7 +182,7 @@ def test_an_unknown_prompt_spec_names_itself_and_the_choices(tmp_path):
 
 
 def test_prompt_files_and_the_built_in_set_read_as_before(tmp_path):
-    from specbench.target_answers import read_prompts
+    from specbench.artefacts.target_answers import read_prompts
 
     text = tmp_path / "prompts.txt"
     text.write_text("one\n\n two \n")

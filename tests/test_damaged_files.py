@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from specbench.artefacts import MANIFEST, _parse_holder, read_manifest, replace_directory
+from specbench.storage.locks import _parse_holder
+from specbench.storage.manifest import MANIFEST, read_manifest
+from specbench.storage.publish import replace_directory
 from specbench.errors import SpecbenchError
 
 
@@ -140,7 +142,7 @@ def test_a_damaged_suffix_automaton_is_one_line(automaton, tmp_path, kind, name)
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_damaged_manifest_leaves_the_rebuild_command_searchable(tmp_path, kind):
-    from specbench.datastores.build import recorded_source
+    from specbench.artefacts.statistics_datastore import recorded_source
 
     (tmp_path / MANIFEST).write_bytes(damage(kind, b'{"corpus": {"spec": "python-docs"}}'))
     assert recorded_source(tmp_path, "corpus", "spec") in (None, "python-docs")
@@ -253,7 +255,7 @@ def test_a_damaged_lock_record_names_no_holder(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_damaged_shipped_answers_are_one_line(tmp_path, kind):
-    from specbench.target_answers import SHIPPED_ANSWERS_DIR, shipped_manifest, shipped_rows
+    from specbench.artefacts.target_answers import SHIPPED_ANSWERS_DIR, shipped_manifest, shipped_rows
 
     manifest = shipped_manifest("smollm2-135m")
     folder = tmp_path / "data"
@@ -265,7 +267,7 @@ def test_damaged_shipped_answers_are_one_line(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_damaged_shipped_manifest_is_not_used(tmp_path, kind, caplog):
-    from specbench.target_answers import SHIPPED_ANSWERS_DIR, shipped_manifest
+    from specbench.artefacts.target_answers import SHIPPED_ANSWERS_DIR, shipped_manifest
 
     whole = (SHIPPED_ANSWERS_DIR / "answers-smollm2-135m.json").read_bytes()
     (tmp_path / "answers-smollm2-135m.json").write_bytes(damage(kind, whole))
@@ -276,7 +278,7 @@ def test_a_damaged_shipped_manifest_is_not_used(tmp_path, kind, caplog):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_damaged_cached_answers_are_one_line(tmp_path, kind):
-    from specbench.target_answers import ANSWERS_FILE, answer_line, read_answers
+    from specbench.artefacts.target_answers import ANSWERS_FILE, answer_line, read_answers
 
     directory = tmp_path / "answers"
     whole = (answer_line([1, 2], [3]) + answer_line([4], [5, 6])).encode()
@@ -315,7 +317,7 @@ def test_a_damaged_head_is_one_line(tiny, head, tmp_path, name, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_damaged_conversion_record_is_a_damaged_copy(tmp_path, kind):
-    from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem
+    from specbench.artefacts.gguf_conversion import CHECKSUM_FILE, converted_copy_problem
 
     (tmp_path / CHECKSUM_FILE).write_bytes(damage(kind, b'{"files": {"model.safetensors": {"bytes": 1}}}'))
     problem = converted_copy_problem(tmp_path)
@@ -325,7 +327,7 @@ def test_a_damaged_conversion_record_is_a_damaged_copy(tmp_path, kind):
 @pytest.fixture(scope="module")
 def pruned_draft(tiny, tmp_path_factory):
     """A one-layer pruned copy of the tiny target (no distillation), saved as specbench saves one."""
-    from specbench.training.pruning import build_pruned_draft
+    from specbench.artefacts.pruned_draft import build_pruned_draft
 
     directory = tmp_path_factory.mktemp("pruned") / "draft"
     build_pruned_draft(tiny, directory, 1, "first", 0, "python-docs")
@@ -336,7 +338,7 @@ def pruned_draft(tiny, tmp_path_factory):
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
 def test_a_damaged_pruned_draft_without_a_manifest_is_one_line(pruned_draft, tmp_path, name, kind):
     """A checkpoint given without manifest.json is loaded unchecked, so the loader's own errors must be one line."""
-    from specbench.training.pruning import load_pruned_draft
+    from specbench.artefacts.pruned_draft import load_pruned_draft
 
     copy = tmp_path / "draft"
     shutil.copytree(pruned_draft, copy, symlinks=False)

@@ -16,13 +16,15 @@ import numpy as np
 import pytest
 
 from specbench.datastores import suffix_automaton as sa
-from specbench.datastores.build import build_datastore, model_db, statistics_datastore
+from specbench.artefacts.model_database import model_db
+from specbench.artefacts.statistics_datastore import build_datastore, statistics_datastore
 from specbench.datastores.model_db import save_model_db
 from specbench.datastores.suffix_array import SEPARATOR, TokenDatastore
 from specbench.datastores.suffix_automaton import StaticSuffixAutomaton
-from specbench.drafters.samd import SuffixAutomatonDrafter, corpus_automaton
+from specbench.artefacts.corpus_automaton import corpus_automaton
+from specbench.drafters.samd import SuffixAutomatonDrafter
 from specbench.errors import SpecbenchError
-from specbench.target_answers import target_answers
+from specbench.artefacts.target_answers import target_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "the cat sat on the mat. the cat sat on the hat. the dog sat on the log."
@@ -277,7 +279,7 @@ def test_a_datastore_whose_manifest_is_garbage_names_no_corpus_it_was_not_built_
 
 
 def test_a_damaged_model_db_given_by_path_names_the_prompts_it_was_built_from(tiny, cache, tmp_path):
-    from specbench.datastores.build import build_model_db
+    from specbench.artefacts.model_database import build_model_db
 
     built_from, configured = tmp_path / "built from.txt", tmp_path / "configured.txt"
     built_from.write_text("Name three colours.\nCount to five.\n")

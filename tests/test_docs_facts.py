@@ -160,7 +160,7 @@ def test_the_docs_give_hds_model_database_the_time_the_shipped_answers_make_it_t
     hd_row = next(line for line in page("docs/first_use.md").splitlines() if line.startswith("| `hd`"))
     assert "shipped" in hd_row
 
-    from specbench.target_answers import SECONDS_PER_ANSWER_SLOT
+    from specbench.artefacts.target_answers import SECONDS_PER_ANSWER_SLOT
     seconds = round(SECONDS_PER_ANSWER_SLOT * len(prompts) * hd["max_new_tokens"])
     assert f"{seconds // 60} min {seconds % 60} s" in " ".join(usage.split())
     assert f"({round(seconds / 60)} min if generated)" in hd_row
@@ -169,7 +169,7 @@ def test_the_docs_give_hds_model_database_the_time_the_shipped_answers_make_it_t
 def test_the_pruned_drafts_times_agree_between_first_use_usage_and_the_code():
     """first_use.md's table and usage.md quote the same times for a pruned draft's first build (the 256-token
     answers it distils on, the 100k-token distillation), and the code's estimates are built from those times."""
-    from specbench.target_answers import SECONDS_PER_ANSWER_SLOT
+    from specbench.artefacts.target_answers import SECONDS_PER_ANSWER_SLOT
     from specbench.training.pruning import SECONDS_PER_DISTILL_TOKEN
 
     first_use = " ".join(page("docs/first_use.md").split())

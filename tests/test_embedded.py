@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from specbench.artefacts import cache_root
+from specbench.storage.cache import cache_root
 from specbench.config import compose
 from specbench.models import load_embedded_gguf
 from specbench.runner import run_benchmark

@@ -13,13 +13,14 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-import specbench.target_answers as answers_module
+import specbench.artefacts.target_answers as answers_module
 from specbench import prepare
-from specbench.artefacts import PlannedArtefact, announce_build, build_notice, relative_size, settings_key
+from specbench.artefacts.base import PlannedArtefact, announce_build, build_notice, relative_size
+from specbench.storage.cache import settings_key
 from specbench.config import CONF_DIR, compose
-from specbench.datastores.build import model_db_prompt_set
+from specbench.artefacts.model_database import model_db_prompt_set
 from specbench.errors import SpecbenchError
-from specbench.target_answers import (
+from specbench.artefacts.target_answers import (
     SECONDS_PER_ANSWER_SLOT,
     answers_settings,
     planned_answers,
@@ -120,7 +121,7 @@ def test_a_missing_prompt_or_question_file_fails_before_hd_generates_any_answer(
 
 
 def test_an_empty_distillation_corpus_fails_before_pruning(tiny, cache, tmp_path):
-    from specbench.training.pruning import pruned_draft
+    from specbench.artefacts.pruned_draft import pruned_draft
 
     empty = tmp_path / "empty.txt"
     empty.write_text("")

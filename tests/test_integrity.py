@@ -1,5 +1,5 @@
 """Damage that keeps a file's size and modification time is caught on load, for every cached artefact (converted
-model copies, datastores, automata, model databases): one check in artefacts.verify_files. Each damage writes in
+model copies, datastores, automata, model databases): one check in storage.manifest.verify_files. Each damage writes in
 the middle of a file and sets its modification time back with os.utime, which leaves only the change time (ctime)
 to tell; before, such a file was trusted without being hashed."""
 
@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specbench.artefacts import read_manifest, replace_directory, verify_files
-from specbench.datastores.build import model_db, statistics_datastore
-from specbench.drafters.samd import corpus_automaton
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
+from specbench.artefacts.model_database import model_db
+from specbench.artefacts.statistics_datastore import statistics_datastore
+from specbench.artefacts.corpus_automaton import corpus_automaton
 from specbench.errors import SpecbenchError
 from test_datastore_caches import BUILD, cache  # noqa: F401 (a fixture)
 
@@ -99,7 +101,7 @@ def test_a_manifest_edited_in_place_is_found(tmp_path):
 
 def test_an_untouched_artefact_is_not_hashed_on_load(tmp_path, monkeypatch):
     """The check stays a stat: the 270 MB SmolLM2 copy costs 0.15 s to hash on every load."""
-    from specbench import artefacts
+    from specbench.storage import manifest as artefacts
 
     directory = tmp_path / "artefact"
     replace_directory(directory, lambda staging: (staging / "data.bin").write_bytes(b"x" * 100), {})
@@ -111,7 +113,7 @@ def test_an_untouched_artefact_is_not_hashed_on_load(tmp_path, monkeypatch):
 def test_a_file_its_hash_found_whole_is_hashed_once(tmp_path, monkeypatch):
     """A manifest written before change times were recorded (every cache built until now), or a copied cache,
     is hashed at its first load only: the times it then has are recorded."""
-    from specbench import artefacts
+    from specbench.storage import manifest as artefacts
 
     directory = tmp_path / "artefact"
     replace_directory(directory, lambda staging: (staging / "data.bin").write_bytes(b"x" * 100), {})
@@ -154,6 +156,7 @@ def test_a_converted_copy_damaged_in_place_is_converted_again(tmp_path, monkeypa
     empty answers reported as identical and fast, exit 0."""
     import torch
 
+    from specbench.artefacts import gguf_conversion
     from specbench.models import gguf
 
     conversions = []
@@ -162,7 +165,7 @@ def test_a_converted_copy_damaged_in_place_is_converted_again(tmp_path, monkeypa
         conversions.append(converted)
         replace_directory(converted, save_tiny_checkpoint, {"gguf": str(file), "dtype": str(torch_dtype)})
 
-    monkeypatch.setattr(gguf, "convert_gguf", convert)
+    monkeypatch.setattr(gguf_conversion, "convert_gguf", convert)
     source = tmp_path / "tiny.gguf"
     source.write_bytes(b"GGUF")
 
@@ -179,7 +182,7 @@ def test_a_converted_copy_damaged_in_place_is_converted_again(tmp_path, monkeypa
     [warning] = warnings_of(caplog)
     assert "is damaged (model.safetensors is not the file that was written" in warning and "again" in warning
     assert all(torch.equal(tensor, weights[name]) for name, tensor in second.model.state_dict().items())
-    assert gguf.converted_copy_problem(copy) is None
+    assert gguf_conversion.converted_copy_problem(copy) is None
 
 
 # ---- cached databases ----------------------------------------------------------------------------------------
@@ -227,7 +230,7 @@ def test_a_cached_database_damaged_in_place_is_rebuilt_with_one_warning(tiny, ca
 
 def test_a_datastore_given_by_path_damaged_in_place_is_one_line_naming_file_and_command(tiny, cache, corpus_file,
                                                                                       tmp_path):
-    from specbench.datastores.build import build_datastore
+    from specbench.artefacts.statistics_datastore import build_datastore
 
     directory = tmp_path / "ds"
     build_datastore(tiny, str(corpus_file), directory, cache)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import specbench.target_answers as answers_module
+import specbench.artefacts.target_answers as answers_module
 from specbench import prepare
 from specbench.config import compose
-from specbench.datastores.build import model_db_prompt_set
-from specbench.target_answers import (
+from specbench.artefacts.model_database import model_db_prompt_set
+from specbench.artefacts.target_answers import (
     answers_directory,
     planned_answers,
     resolve_prompts,

@@ -9,13 +9,8 @@ from transformers import AutoModelForCausalLM
 from specbench.decoding.loop import Decoder
 from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
-from specbench.training.pruning import (
-    build_pruned_draft,
-    distill,
-    prune,
-    select_layers,
-    token_blocks,
-)
+from specbench.artefacts.pruned_draft import build_pruned_draft
+from specbench.training.pruning import distill, prune, select_layers, token_blocks
 
 
 def test_layer_selection():
@@ -114,7 +109,7 @@ def test_a_rejected_draft_is_rolled_back_exactly(tiny, prompt_ids):
 
 
 def test_target_answers_are_generated_once_and_cached(tiny, tmp_path, monkeypatch):
-    import specbench.target_answers as answers_module
+    import specbench.artefacts.target_answers as answers_module
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Name three colours."}\n{"prompt": "Count to five."}\n')
@@ -133,7 +128,7 @@ def test_target_answers_are_generated_once_and_cached(tiny, tmp_path, monkeypatc
 
 
 def test_distilling_on_the_target_answers(tiny, tmp_path, monkeypatch):
-    import specbench.target_answers as answers_module
+    import specbench.artefacts.target_answers as answers_module
     from specbench.training.pruning import TARGET_ANSWERS
 
     rng = np.random.default_rng(1)

@@ -14,11 +14,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from specbench.artefacts import file_digest
+from specbench.storage.manifest import file_digest
 from specbench.questions import Prompt
 from specbench.errors import SpecbenchError
-from specbench.results import _writes, steps_file
-from specbench.results._writes import append_line, write_atomically
+from specbench.results import run_directory, steps_file
+from specbench.results.run_directory import append_line
+from specbench.storage.atomic import write_atomically
 from specbench.results.question_keys import question_key
 from specbench.results.readers import read_answers
 from specbench.results.run_directory import RunDirectory
@@ -275,7 +276,7 @@ def test_every_result_file_write_refused_by_the_filesystem_is_one_line(tmp_path,
                                                                              full_disk()))
         act, refused = lambda: add_question(run_dir, 2), run / "steps.parquet"
     elif what == "drafter state":
-        monkeypatch.setattr(_writes.np, "savez", full_disk)
+        monkeypatch.setattr(run_directory.np, "savez", full_disk)
         act, refused = lambda: run_dir.save_drafter_state({"matrix": np.zeros(3)}), run / "drafter_state.npz"
     else:
         monkeypatch.setattr(Path, "write_text", full_disk)
@@ -305,9 +306,9 @@ def appending_half_then(refusal: int, monkeypatch, truncate_fails=False):
             return real_write(handle, data[: len(data) // 2])
         raise OSError(refusal, os.strerror(refusal))
 
-    monkeypatch.setattr(_writes.os, "write", write)
+    monkeypatch.setattr(os, "write", write)
     if truncate_fails:
-        monkeypatch.setattr(_writes.os, "ftruncate", lambda handle, size: full_disk())
+        monkeypatch.setattr(os, "ftruncate", lambda handle, size: full_disk())
     return calls
 
 
@@ -341,7 +342,7 @@ def test_a_half_line_left_by_a_full_disk_is_caught_on_read(tmp_path, monkeypatch
 def test_appending_writes_a_whole_line_in_one_call(tmp_path, monkeypatch):
     calls = []
     real_write = os.write
-    monkeypatch.setattr(_writes.os, "write", lambda handle, data: (calls.append(data), real_write(handle, data))[1])
+    monkeypatch.setattr(os, "write", lambda handle, data: (calls.append(data), real_write(handle, data))[1])
     append_line(tmp_path / "answers.jsonl", {"question_id": 1, "text": "déjà"})
     assert calls == [(json.dumps({"question_id": 1, "text": "déjà"}, ensure_ascii=False) + "\n").encode()]
 

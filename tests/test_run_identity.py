@@ -18,7 +18,7 @@ from specbench.distributed import Processes
 from specbench.errors import SpecbenchError
 from specbench.models.kernels import OneDNNLinear
 from specbench.run.identity import PLACEMENT_KEYS, UNRECORDED, implied_placement
-from specbench.runlock import LOCK_NAME
+from specbench.storage.run_lock import LOCK_NAME
 
 # One thread: the thread count a job of two processes chooses by itself differs from one process's, and these
 # runs must differ in their placement alone.

@@ -17,14 +17,14 @@ import pytest
 import torch
 
 import specbench.models.tiny as tiny_module
-from specbench.artefacts import replace_directory
+from specbench.storage.publish import replace_directory
 from specbench.config import compose, group_options
 from specbench.errors import SpecbenchError
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
-from specbench.models.gguf import CHECKSUM_FILE, converted_copy_problem, gguf_digest
+from specbench.artefacts.gguf_conversion import CHECKSUM_FILE, converted_copy_problem, gguf_digest
 from specbench.results.console import format_summary_table
 from specbench.results.readers import read_answers
-from specbench.runlock import LOCK_NAME, RunLock
+from specbench.storage.run_lock import LOCK_NAME, RunLock
 from specbench.run.identity import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings
 from specbench.runner import run_benchmark
 
@@ -146,7 +146,7 @@ def test_a_run_directory_that_cannot_be_created_is_one_line(tmp_path):
 
 def test_a_cache_that_cannot_be_written_is_named_before_converting(tmp_path):
     """The conversion used to fail after 19 s of work without naming the path."""
-    from specbench.models.gguf import convert_gguf
+    from specbench.artefacts.gguf_conversion import convert_gguf
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -340,7 +340,7 @@ def test_a_damaged_converted_copy_is_detected(tmp_path):
 def test_a_reinstalled_gguf_file_keeps_its_converted_copies_and_an_edited_one_does_not(tmp_path, monkeypatch):
     """Converted copies are named by the GGUF file's content: a fresh clone's venv installs the embedded model's
     file anew (another path, a new modification time), which used to convert it again, tens of seconds per dtype."""
-    import specbench.artefacts as artefacts
+    import specbench.storage.manifest as artefacts
 
     models = tmp_path / "models"
     installed, reinstalled = tmp_path / "venv-a" / "model.gguf", tmp_path / "venv-b" / "model.gguf"

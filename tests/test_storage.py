@@ -14,11 +14,15 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
-from specbench import runlock
-from specbench.artefacts import FileLock, load_or_rebuild, read_manifest, replace_directory, verify_files, versions_dir
+from specbench.storage import run_lock as runlock
+from specbench.artefacts.base import load_or_rebuild
+from specbench.storage.cache import versions_dir
+from specbench.storage.locks import FileLock
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
 from specbench.config import compose
 from specbench.errors import SpecbenchError
-from specbench.runlock import LOCK_NAME, RunLock
+from specbench.storage.run_lock import LOCK_NAME, RunLock
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model=tiny-random", "run.max_new_tokens=8", "task.tasks=[qa]", "task.limit_per_task=1", "run.warmup_runs=0"]
@@ -253,7 +257,7 @@ def test_a_full_disk_during_the_conversion_is_one_line_and_leaves_no_copy(tmp_pa
     import transformers
     import transformers.modeling_utils
 
-    from specbench.models.gguf import convert_gguf, converted_copy_problem
+    from specbench.artefacts.gguf_conversion import convert_gguf, converted_copy_problem
 
     config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1)

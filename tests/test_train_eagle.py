@@ -14,27 +14,26 @@ import numpy as np
 import pytest
 import torch
 
+import specbench.artefacts.target_answers as answers_module
+import specbench.artefacts.trained_head as trained_heads
 import specbench.training.eagle as training
-from specbench.artefacts import read_manifest
+from specbench.storage.manifest import read_manifest
+from specbench.artefacts.trained_head import rebuild_command, trained_head, trained_head_directory
+from specbench.artefacts.trained_head import build_trained_head, staging_directory
 from specbench.training.eagle import (
-    build_trained_head,
     epoch_batches,
     held_out_acceptance,
     held_out_indices,
     make_batch,
     new_head,
-    rebuild_command,
     recipe_of,
     select_draft_vocabulary,
-    staging_directory,
     target_sequences,
-    trained_head,
-    trained_head_directory,
     unrolled_outputs,
 )
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import build_tiny_random
-from specbench.target_answers import generate_answers
+from specbench.artefacts.target_answers import generate_answers
 
 EAGLE3_TINY = {"feature_layers": [0, 1, 2], "draft_vocab_size": 64}
 QUICK = {"train_steps": 6, "batch_sequences": 2, "held_out": 2, "warmup_steps": 2, "lr": 3e-3, "sampled_answers": 0}
@@ -62,8 +61,8 @@ def prompts_of(count: int, seed: int = 0) -> list[str]:
 @pytest.fixture
 def tiny_conversations(tiny, monkeypatch):
     conversations = conversations_of(tiny)
-    monkeypatch.setattr(training, "training_conversations", lambda target: conversations)
-    monkeypatch.setattr(training, "training_prompts", lambda target: prompts_of(10))
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target: conversations)
+    monkeypatch.setattr(trained_heads, "training_prompts", lambda target: prompts_of(10))
     return conversations
 
 
@@ -256,11 +255,11 @@ def test_a_built_head_loads_back_strictly_and_fits_its_target(tiny, tiny_convers
     assert same_state(trained_head(tiny, directory, kind, spec, given=False), head)
     other = build_tiny_random(seed=5, hidden_size=32, num_heads=4)
     with pytest.raises(SpecbenchError, match="target features of width 64|embedding"):
-        training.load_trained_head(other, directory, kind, "rebuild it")
+        trained_heads.load_trained_head(other, directory, kind, "rebuild it")
 
 
 def test_an_untrained_head_needs_no_data(tiny, monkeypatch, tmp_path):
-    monkeypatch.setattr(training, "training_conversations", lambda target: pytest.fail("data was read"))
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target: pytest.fail("data was read"))
     head = trained_head(tiny, tmp_path / "random", "eagle3", {**EAGLE3_TINY, "train_steps": 0}, given=False)
     assert head.to_target_ids(torch.arange(64)).tolist() == list(range(64))
 
@@ -308,11 +307,11 @@ def test_a_checkpoint_of_other_settings_is_not_resumed(tiny, tiny_conversations,
 def test_sampled_answers_are_cached_and_an_interrupted_generation_resumes_to_the_same_answers(tiny, tmp_path,
                                                                                             monkeypatch):
     prompts = prompts_of(5)
-    whole = training.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
+    whole = answers_module.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
                                      cache_dir=str(tmp_path / "whole"))
     assert len(whole) == 10 and [prompt for prompt, _ in whole[:5]] == [prompt for prompt, _ in whole[5:]]
     assert [answer for _, answer in whole[:5]] != [answer for _, answer in whole[5:]]  # sampled, not greedy
-    sample_batch = training._sample_batch
+    sample_batch = answers_module._sample_batch
     calls = []
 
     def failing_third(*args):
@@ -321,16 +320,16 @@ def test_sampled_answers_are_cached_and_an_interrupted_generation_resumes_to_the
             raise KeyboardInterrupt
         return sample_batch(*args)
 
-    monkeypatch.setattr(training, "_sample_batch", failing_third)
+    monkeypatch.setattr(answers_module, "_sample_batch", failing_third)
     with pytest.raises(KeyboardInterrupt):
-        training.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
+        answers_module.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
                                  cache_dir=str(tmp_path / "resumed"))
     calls.clear()
-    resumed = training.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
+    resumed = answers_module.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
                                        cache_dir=str(tmp_path / "resumed"))
     assert resumed == whole and len(calls) == 2  # the two batches that were not written yet
-    monkeypatch.setattr(training, "_sample_batch", lambda *args: pytest.fail("sampled again"))
-    assert training.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
+    monkeypatch.setattr(answers_module, "_sample_batch", lambda *args: pytest.fail("sampled again"))
+    assert answers_module.sampled_answers(tiny, prompts, 2, 1.0, 0, max_new_tokens=8, batch_size=3,
                                     cache_dir=str(tmp_path / "whole")) == whole
 
 

@@ -120,7 +120,7 @@ def corpus_identity(sources: list[str]) -> list:
     read (SHA-256), with its name below the source directory (it orders the documents) or, for a single
     file, its suffix (it picks the parser); hub ids and the bundled ``sharegpt`` (whose hash is checked on
     every read) by their spec. So an edited corpus file gives another key, and a moved one the same."""
-    from specbench.artefacts import file_digest
+    from specbench.storage.manifest import file_digest
 
     identity = []
     for source in sources:

@@ -5,7 +5,7 @@ questions (``scripts/build_model_db.py``): every n-gram is counted once per answ
 frequency), and each key keeps its most frequent continuations. On disk:
 
     manifest.json   tokenizer fingerprint, model, prompt set, key_tokens, continuation_length, counts, and
-                    each file's size, modification time and SHA-256 (checked on load: artefacts.verify_files)
+                    each file's size, modification time and SHA-256 (checked on load: storage.manifest.verify_files)
     ngrams.npz      per key length k: ngrams_k [m, k + continuation_length] int32 and counts_k [m] int64
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specbench.artefacts import read_manifest, replace_directory, verify_files
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
 from specbench.datastores.ngram_pool import RankedNGrams
 from specbench.datastores.prompts import MODEL_DB_PROMPTS
 from specbench.datastores.suffix_array import out_of_vocabulary

@@ -4,7 +4,7 @@ search, with the continuations that followed it (REST's retrieval, HD's statisti
 On disk a datastore is a directory:
 
     manifest.json   format version, corpus description, document and token counts, tokenizer fingerprint, and
-                    each file's size, modification time and SHA-256 (checked on load: artefacts.verify_files)
+                    each file's size, modification time and SHA-256 (checked on load: storage.manifest.verify_files)
     tokens.npy      int32 token ids of all documents, each followed by SEPARATOR
     suffixes.npy    int32/int64 suffix array of tokens.npy (positions in lexicographic order)
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specbench.artefacts import read_manifest, replace_directory, verify_files
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
 from specbench.errors import SpecbenchError, damage_reason
 
 FORMAT_VERSION = 1

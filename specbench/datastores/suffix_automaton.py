@@ -29,7 +29,8 @@ from typing import Iterable, Sequence
 import numba
 import numpy as np
 
-from specbench.artefacts import read_manifest, replace_directory, verify_files
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
 from specbench.datastores.suffix_array import out_of_vocabulary
 from specbench.errors import SpecbenchError, damage_reason
 

@@ -137,9 +137,10 @@ class Drafter(ABC):
         that they fit the target's tokenizer, move to its device."""
 
     def artefacts(self, target) -> list:
-        """The cached artefacts ``prepare(target)`` looks up and builds when missing (``artefacts.PlannedArtefact``:
-        what, where, a rough build time), for ``python -m specbench.prepare``'s plan; builds nothing. [] for a
-        drafter that needs none."""
+        """The cached artefacts ``prepare(target)`` loads, building them when missing (``artefacts.base.Artefact``
+        objects: what, where, a rough build time, how to build and load), which ``python -m specbench.prepare``
+        plans and builds ahead of time; builds nothing. ``prepare`` loads exactly these (``artefacts.base.fetch``),
+        so the plan and the run cannot disagree. [] for a drafter that needs none."""
         return []
 
     def seed_draws(self, decode_seed: int) -> None:

@@ -32,12 +32,6 @@ def plain(value):
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
-def pruned_draft_directory(target, spec: dict, cache_dir: str | None) -> Path:
-    from specbench.artefacts import cached_path
-
-    return cached_path(cache_dir, "drafts", f"{target.name}-pruned", {"source": target.source, **spec})
-
-
 class DraftModel(Drafter):
     """Drafts with a small model of the target's vocabulary.
 
@@ -84,17 +78,18 @@ class DraftModel(Drafter):
         spec = self._spec_for(target)
         dtype = DTYPE_NAMES.get(target.dtype, "float32")
         if "pruned" in spec:
-            from specbench.training.pruning import pruned_draft
+            from specbench.artefacts.base import fetch
+            from specbench.artefacts.pruned_draft import PrunedDraft
 
             # Found whole (its files' checksums) or built first, through the artefact layer: a damaged draft in the
             # cache is rebuilt, a damaged one at the user's path is refused in one line.
-            given = bool(spec.get("path"))
-            directory = (Path(spec["path"]).expanduser() if given
-                         else pruned_draft_directory(target, spec["pruned"], self.cache_dir))
-            from specbench.artefacts import prepare_command
-
-            draft = pruned_draft(target, directory, spec["pruned"], given,
-                                 None if given else prepare_command(target.name, self.name))
+            if spec.get("path"):
+                directory = Path(spec["path"]).expanduser()
+                draft = PrunedDraft(target, directory, spec["pruned"], given=True).get()
+            else:
+                cached = self._cached(target)
+                directory = cached["draft"].directory
+                draft = fetch(cached)["draft"]
             draft.to(target.device).eval()
             use_linear_backend(draft, "auto")
             draft_name = f"pruned {directory.name}"
@@ -133,15 +128,20 @@ class DraftModel(Drafter):
         if self.draft is not None:
             self.generator.manual_seed(decode_seed)
 
-    def artefacts(self, target) -> list:
-        from specbench.artefacts import prepare_command
-        from specbench.training.pruning import planned_pruned_draft
+    def _cached(self, target) -> dict:
+        """The pruned draft built in the cache, when the draft is one; a hub or local checkpoint is downloaded or
+        read, not built, and a pruned draft at the user's own path is the user's."""
+        from specbench.artefacts.base import prepare_command
+        from specbench.artefacts.pruned_draft import PrunedDraft, pruned_draft_directory
 
         spec = self._spec_for(target)
         if "pruned" not in spec or spec.get("path"):
-            return []  # a hub or local checkpoint is downloaded or read, not built
+            return {}
         directory = pruned_draft_directory(target, spec["pruned"], self.cache_dir)
-        return planned_pruned_draft(target, directory, spec["pruned"], prepare_command(target.name, self.name))
+        return {"draft": PrunedDraft(target, directory, spec["pruned"], command=prepare_command(target.name, self.name))}
+
+    def artefacts(self, target) -> list:
+        return list(self._cached(target).values())
 
     # ---- drafting -----------------------------------------------------------------------------------
 

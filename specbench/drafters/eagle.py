@@ -198,39 +198,39 @@ class Eagle(Drafter):
                 f"--model {target.name} --kind {self.kind}")
         return spec
 
-    def artefacts(self, target) -> list:
-        from specbench.artefacts import prepare_command
-        from specbench.training.eagle import planned_head, trained_head_directory
-        from specbench.target_answers import planned_answers, resolve_prompts
+    def _cached(self, target) -> dict:
+        """The head trained in the cache, when the drafter trains one; a published head is downloaded or read, not
+        built, and a head at the user's own path is the user's."""
+        from specbench.artefacts.base import prepare_command
+        from specbench.artefacts.trained_head import TrainedHead, trained_head_directory
 
         spec = self._spec_for(target)
         if "trained" not in spec or spec.get("path"):
-            return []  # a published head is downloaded or read, not built
+            return {}
         settings = dict(spec["trained"] or {})
-        command = prepare_command(target.name, self.name)
         directory = trained_head_directory(target, self.kind, settings, self.cache_dir)
-        head = planned_head(target, directory, self.kind, settings, command)
-        if directory.exists():
-            return [head]
-        # The greedy answers it trains on (training_conversations: target_answers' defaults).
-        return [planned_answers(target, resolve_prompts(None), 256, purpose=f"the {self.kind} head trains on them",
-                                command=command), head]
+        return {"head": TrainedHead(target, directory, self.kind, settings,
+                                    command=prepare_command(target.name, self.name))}
+
+    def artefacts(self, target) -> list:
+        return list(self._cached(target).values())
 
     def prepare(self, target, sampling=None) -> None:
         from specbench.models.eagle_heads import load_eagle_head
 
         spec = self._spec_for(target)
         if "trained" in spec:
-            from specbench.training.eagle import trained_head, trained_head_directory
+            from specbench.artefacts.base import fetch
+            from specbench.artefacts.trained_head import TrainedHead
 
             settings = dict(spec["trained"] or {})
-            given = bool(spec.get("path"))
-            directory = (Path(spec["path"]).expanduser() if given
-                         else trained_head_directory(target, self.kind, settings, self.cache_dir))
-            from specbench.artefacts import prepare_command
-
-            self.head = trained_head(target, directory, self.kind, settings, given,
-                                     None if given else prepare_command(target.name, self.name))
+            if spec.get("path"):
+                directory = Path(spec["path"]).expanduser()
+                self.head = TrainedHead(target, directory, self.kind, settings, given=True).get()
+            else:
+                cached = self._cached(target)
+                directory = cached["head"].directory
+                self.head = fetch(cached)["head"]
             self._sources = {"head": {"trained": settings, "directory": str(directory)}}
         else:
             source = spec.get("path") or spec.get("hub_id")

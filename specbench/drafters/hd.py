@@ -156,40 +156,40 @@ class HierarchyDrafting(Drafter):
         self._pad_draws = random.Random(seed)
         self._tail = np.empty(0, dtype=np.int64)
 
-    def prepare(self, target, sampling=None) -> None:
-        from specbench.artefacts import prepare_command
-        from specbench.datastores import build
+    def _cached(self, target) -> dict:
+        """The cached databases of ``auto`` paths, by the attribute they are loaded into."""
+        from specbench.artefacts.base import prepare_command
+        from specbench.artefacts.model_database import ModelDatabase
+        from specbench.artefacts.statistics_datastore import StatisticsDatastore
 
-        self.vocab_size = target.vocab_size
         command = prepare_command(target.name, self.name)
-        statistics = "statistics" in self.order
-        # The model database's answers take minutes on a first use: the statistics corpus (or a datastore given by
-        # path, which loads in a moment) is checked first, so that a missing or empty one fails before them.
-        given = None
-        if statistics and self.statistics_db_path == "auto":
-            build.checked_corpus(self.statistics_corpus, self.cache_dir)
-        elif statistics:
-            given = build.statistics_datastore(target, self.statistics_db_path, self.statistics_corpus, self.cache_dir)
-        if "model" in self.order:
-            self.model_db = build.model_db(target, self.model_db_path, 1, self.draft_length, self.per_key_capacity,
-                                           self.model_db_build, self.cache_dir,
-                                           least_frequent_first=self.model_db_least_frequent_first, command=command)
-        if statistics:
-            self.statistics_db = given if given is not None else build.statistics_datastore(
-                target, self.statistics_db_path, self.statistics_corpus, self.cache_dir, command=command)
+        cached = {}
+        if "model" in self.order and self.model_db_path == "auto":
+            cached["model_db"] = ModelDatabase(target, 1, self.draft_length, self.per_key_capacity, self.model_db_build,
+                                               self.cache_dir, self.model_db_least_frequent_first, command)
+        if "statistics" in self.order and self.statistics_db_path == "auto":
+            cached["statistics_db"] = StatisticsDatastore(target, self.statistics_corpus, self.cache_dir,
+                                                          command=command)
+        return cached
 
     def artefacts(self, target) -> list:
-        from specbench.artefacts import prepare_command
-        from specbench.datastores import build
+        return list(self._cached(target).values())
 
-        command = prepare_command(target.name, self.name)
-        planned = []
-        if "model" in self.order and self.model_db_path == "auto":
-            planned += build.planned_model_db(target, 1, self.draft_length, self.model_db_build, self.cache_dir,
-                                              command)
-        if "statistics" in self.order and self.statistics_db_path == "auto":
-            planned.append(build.planned_statistics(target, self.statistics_corpus, self.cache_dir, command=command))
-        return planned
+    def prepare(self, target, sampling=None) -> None:
+        from specbench.artefacts.base import fetch
+        from specbench.artefacts.model_database import given_model_db
+        from specbench.artefacts.statistics_datastore import given_datastore
+
+        self.vocab_size = target.vocab_size
+        # Databases given by path load in a moment, before the cached ones are built: the model database's answers
+        # take minutes on a first use, and the statistics corpus is checked before them (fetch).
+        if "statistics" in self.order and self.statistics_db_path != "auto":
+            self.statistics_db = given_datastore(target, self.statistics_db_path)
+        if "model" in self.order and self.model_db_path != "auto":
+            self.model_db = given_model_db(target, self.model_db_path, 1, self.draft_length, self.per_key_capacity,
+                                           least_frequent_first=self.model_db_least_frequent_first)
+        for name, loaded in fetch(self._cached(target)).items():
+            setattr(self, name, loaded)
 
     def sources(self) -> dict:
         found = {}

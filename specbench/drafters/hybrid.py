@@ -25,7 +25,7 @@ from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, Static
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.drafters.base import require_choice, require_flag, require_non_negative, require_positive
 from specbench.drafters.recycling import TokenRecycling
-from specbench.drafters.samd import FollowsContext, corpus_automaton, planned_automaton
+from specbench.drafters.samd import FollowsContext, corpus_automata
 from specbench.errors import SpecbenchError
 
 RECYCLING_WHEN = ("always", "no_match")
@@ -122,19 +122,14 @@ class HybridDrafter(FollowsContext, Drafter):
         self._root = -1
 
     def prepare(self, target, sampling=None) -> None:
-        from specbench.artefacts import prepare_command
+        from specbench.artefacts.base import fetch
 
-        if self.corpus is not None:
-            self.static = corpus_automaton(target, self.corpus, self.cache_dir, prepare_command(target.name, self.name))
+        self.static = fetch(corpus_automata(self, target)).get("static")
         if self.recycling is not None:
             self.recycling.prepare(target)
 
     def artefacts(self, target) -> list:
-        from specbench.artefacts import prepare_command
-
-        if self.corpus is None:
-            return []
-        return planned_automaton(target, self.corpus, self.cache_dir, prepare_command(target.name, self.name))
+        return list(corpus_automata(self, target).values())
 
     def _label(self, source: str, match: int) -> str:
         return f"{source}{min(match, self.label_max_match)}"

@@ -155,23 +155,27 @@ class RetrievalDrafter(Drafter):
         self.cache_dir = cache_dir
         self.datastore = None
 
-    def prepare(self, target, sampling=None) -> None:
-        from specbench.datastores.build import statistics_datastore
-
-        from specbench.artefacts import prepare_command
-
-        require_in_vocabulary("no_match_token", self.no_match_token, target)
-        self.datastore = statistics_datastore(target, self.datastore_path, self.corpus, self.cache_dir,
-                                              command=prepare_command(target.name, self.name))
-
-    def artefacts(self, target) -> list:
-        from specbench.artefacts import prepare_command
-        from specbench.datastores.build import planned_statistics
+    def _cached(self, target) -> dict:
+        from specbench.artefacts.base import prepare_command
+        from specbench.artefacts.statistics_datastore import StatisticsDatastore
 
         if self.datastore_path != "auto":
-            return []
-        return [planned_statistics(target, self.corpus, self.cache_dir, "datastore",
-                                   prepare_command(target.name, self.name))]
+            return {}
+        return {"datastore": StatisticsDatastore(target, self.corpus, self.cache_dir, "datastore",
+                                                 prepare_command(target.name, self.name))}
+
+    def artefacts(self, target) -> list:
+        return list(self._cached(target).values())
+
+    def prepare(self, target, sampling=None) -> None:
+        from specbench.artefacts.base import fetch
+        from specbench.artefacts.statistics_datastore import given_datastore
+
+        require_in_vocabulary("no_match_token", self.no_match_token, target)
+        if self.datastore_path != "auto":
+            self.datastore = given_datastore(target, self.datastore_path)
+        else:
+            self.datastore = fetch(self._cached(target))["datastore"]
 
     def propose(self, context_ids: np.ndarray) -> Draft:
         length, lo, hi = self.datastore.longest_suffix_match(context_ids, self.max_suffix_length, self.min_suffix_length)

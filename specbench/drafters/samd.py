@@ -22,103 +22,31 @@ As the authors' code runs it on Spec-Bench (model/samd @fd2c1cd; docs/fidelity.m
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from specbench.datastores.suffix_array import SEPARATOR
 from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, StaticSuffixAutomaton
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.drafters.base import require_choice, require_non_negative, require_number, require_positive
 from specbench.drafters.recycling import TokenRecycling
-from specbench.errors import SpecbenchError
 
 log = logging.getLogger(__name__)
 
 AUXILIARIES = ("recycling", "none")
 
 
-# Measured on 2 cores: python-docs' automaton (2.9 M tokens, from 11 MB of text) builds in 2.0 s, ShareGPT's (21.9 M
-# tokens) in 15.3 s (docs/usage.md), beside the datastore it is built from.
-SECONDS_PER_CORPUS_BYTE = 2.0 / 11e6
+def corpus_automata(drafter, target) -> dict:
+    """The cached corpus automaton a drafter with a ``corpus`` (and no automaton given by path) loads into its
+    ``static``; {} for one without a corpus."""
+    from specbench.artefacts.base import prepare_command
+    from specbench.artefacts.corpus_automaton import CorpusAutomaton
 
-
-def corpus_automaton_directory(target, corpus: str, cache_dir: str | None = None) -> Path:
-    """Where the cache keeps the static automaton of ``corpus`` (by content) for this tokenizer, vocabulary and
-    EOS."""
-    from specbench.artefacts import cache_root
-    from specbench.datastores.build import corpus_cache_key, vocab_size
-
-    cache = cache_root(cache_dir)
-    key = hashlib.sha256(f"{corpus_cache_key(corpus, cache)} {vocab_size(target)} {_eos_token(target)}".encode()
-                         ).hexdigest()[:16]
-    return cache / "sam" / f"{target.tokenizer_fingerprint}-{key}"
-
-
-def planned_automaton(target, corpus: str, cache_dir: str | None = None, command: str | None = None) -> list:
-    """What ``corpus_automaton`` looks up, as plan entries: the corpus's statistics datastore (unless the automaton
-    is cached, when it is not read) and the automaton built from it."""
-    from specbench.artefacts import PlannedArtefact, cache_root
-    from specbench.datastores.build import planned_statistics
-    from specbench.datastores.corpus import corpus_bytes, resolve_corpus
-
-    directory = corpus_automaton_directory(target, corpus, cache_dir)
-    size = corpus_bytes(resolve_corpus(corpus, cache_root(cache_dir)))
-    automaton = PlannedArtefact(
-        what=f"the suffix automaton of {corpus} for {target.name}", directory=directory,
-        seconds=None if size is None else size * SECONDS_PER_CORPUS_BYTE,
-        basis=("a hub dataset, whose size is known once downloaded" if size is None else
-               f"{size / 1e6:.1f} MB of text at {1e-6 / SECONDS_PER_CORPUS_BYTE:.1f} MB/s, measured on python-docs"),
-        command=command or f"python -m specbench.prepare --model {target.name} --drafters samd")
-    if directory.exists():
-        return [automaton]
-    return [planned_statistics(target, corpus, cache_dir, command=automaton.command), automaton]
-
-
-def corpus_automaton(target, corpus: str, cache_dir: str | None = None,
-                     command: str | None = None) -> StaticSuffixAutomaton:
-    """The static automaton of ``corpus`` for this tokenizer: loaded from the cache, or built once from the
-    corpus's statistics datastore (the same tokens REST searches). Like the authors' build script
-    (tools/build_static_sam.py), every document ends with EOS and every vocabulary token is added as a
-    one-token document, so that any token has a match of at least 1. The cache key covers the corpus's
-    content, the vocabulary size and EOS; a cached automaton that fails its load checks is rebuilt."""
-    from specbench.datastores.build import checked_corpus, statistics_datastore, vocab_size
-    from specbench.artefacts import announce_build, load_or_rebuild
-
-    vocab, eos = vocab_size(target), _eos_token(target)
-    directory = corpus_automaton_directory(target, corpus, cache_dir)
-
-    def build() -> None:
-        checked_corpus(corpus, cache_dir)
-        announce_build(planned_automaton(target, corpus, cache_dir, command)[-1])
-        datastore = statistics_datastore(target, "auto", corpus, cache_dir, command=command)
-        documents = _datastore_documents(datastore.tokens)
-        documents.extend(np.array([token], dtype=np.int32) for token in range(vocab))
-        log.info("building the suffix automaton of %s for %s (%d tokens)", corpus, target.name,
-                 datastore.manifest["tokens"])
-        started = time.perf_counter()
-        automaton = StaticSuffixAutomaton.build(documents, eos)
-        automaton.save(directory, source={"corpus": corpus, "tokenizer": target.tokenizer_fingerprint,
-                                          "build_s": round(time.perf_counter() - started, 1)})
-
-    return load_or_rebuild(directory, f"suffix automaton of {corpus} for {target.name}",
-                           lambda: StaticSuffixAutomaton.load(directory, vocab_size=vocab), build)
-
-
-def _eos_token(target) -> int:
-    eos = getattr(target.tokenizer, "eos_token_id", None)
-    return int(eos) if eos is not None else min(target.eos_token_ids)
-
-
-def _datastore_documents(tokens: np.ndarray) -> list[np.ndarray]:
-    """A datastore's token stream (documents each followed by SEPARATOR) split back into documents."""
-    ends = np.flatnonzero(tokens == SEPARATOR)
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    return [tokens[start:end] for start, end in zip(starts, ends) if end > start]
+    if drafter.corpus is None:
+        return {}
+    return {"static": CorpusAutomaton(target, drafter.corpus, drafter.cache_dir,
+                                      prepare_command(target.name, drafter.name))}
 
 
 class FollowsContext:
@@ -195,25 +123,21 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
         self._root = -1
 
     def prepare(self, target, sampling=None) -> None:
+        from specbench.artefacts.base import fetch
+
         if self.automaton_path is not None:
-            from specbench.datastores.build import vocab_size
+            from specbench.artefacts.statistics_datastore import vocab_size
 
             fix = ("point drafter.automaton at a whole automaton, or set drafter.automaton=null "
                    f"drafter.corpus={self.corpus or 'python-docs'} to build the corpus's automaton in the cache")
             self.static = StaticSuffixAutomaton.load(self.automaton_path, vocab_size=vocab_size(target), fix=fix)
-        elif self.corpus is not None:
-            from specbench.artefacts import prepare_command
-
-            self.static = corpus_automaton(target, self.corpus, self.cache_dir, prepare_command(target.name, self.name))
+        else:
+            self.static = fetch(corpus_automata(self, target)).get("static")
         if self.recycling is not None:
             self.recycling.prepare(target)
 
     def artefacts(self, target) -> list:
-        from specbench.artefacts import prepare_command
-
-        if self.automaton_path is not None or self.corpus is None:
-            return []
-        return planned_automaton(target, self.corpus, self.cache_dir, prepare_command(target.name, self.name))
+        return list(corpus_automata(self, target).values()) if self.automaton_path is None else []
 
     def propose(self, context_ids: np.ndarray) -> Draft:
         self._root = root = self.follow(context_ids)

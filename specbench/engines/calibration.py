@@ -14,7 +14,7 @@ import numpy as np
 from specbench.decoding.budget import DraftBudget, VerifyCost
 from specbench.decoding.loop import DecodePolicy, Decoder, VerifyShapes
 from specbench.distributed import Processes
-from specbench.results._writes import write_atomically
+from specbench.storage.atomic import write_atomically
 from specbench.settings import RunSettings
 
 if TYPE_CHECKING:

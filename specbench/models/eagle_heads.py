@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench.errors import SpecbenchError, damage_reason, refusing_writes
+from specbench.errors import SpecbenchError, damage_reason
+from specbench.storage.refusal import refusing_writes
 
 log = logging.getLogger(__name__)
 
@@ -628,9 +629,9 @@ def _head_directory(source: str, revision: str | None) -> Path:
     try:
         return Path(snapshot_download(source, revision=revision))
     except Exception as error:  # any hub failure (offline, unknown id, no access) means the same to the user
-        from specbench.artefacts import write_refusal
+        from specbench.storage.refusal import refusal_of
 
-        refusal = write_refusal(error)  # a full or read-only cache is not the hub's fault
+        refusal = refusal_of(error)  # a full or read-only cache is not the hub's fault
         if refusal is not None:
             raise refusal from error
         raise SpecbenchError(f"EAGLE head {source} could not be downloaded ({type(error).__name__}); check the id, "
@@ -916,7 +917,7 @@ def _write_weights(state: dict, path: Path) -> None:
 
 
 def _write_atomically(file: Path, write) -> None:
-    from specbench.artefacts import unique_suffix
+    from specbench.storage.atomic import unique_suffix
 
     partial = file.with_name(f".{file.name}.{unique_suffix()}.partial")
     try:

@@ -6,7 +6,7 @@ import logging
 import os
 from pathlib import Path
 
-from specbench.artefacts import write_refusal
+from specbench.storage.refusal import refusal_of
 from specbench.errors import SpecbenchError
 from specbench.models.devices import checkpoint_dtype, resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
@@ -90,7 +90,7 @@ def load_pretrained(
         except Exception as download_error:  # any network or hub failure means the same to the user
             if isinstance(download_error, SpecbenchError):
                 raise
-            refusal = write_refusal(download_error)  # but a full or read-only Hugging Face cache is not offline
+            refusal = refusal_of(download_error)  # but a full or read-only Hugging Face cache is not offline
             if refusal is not None:
                 raise refusal from download_error
             raise SpecbenchError(_unavailable_message(name, hub_id)) from download_error

@@ -29,7 +29,6 @@ The modules, lowest first:
     summary.py        summary.json's statistics
     console.py        the summary as the terminal shows it
     run_directory.py  RunDirectory: opening, appending, rewriting a run's files
-    _writes.py        atomic writes and appends (a temporary home; they belong with storage)
 
 Every reader (resuming, the summary, ``python -m analysis``) reads these files through
 ``readers.read_run_results``: a line or step row counts only when it is a well-formed record of its file and of a

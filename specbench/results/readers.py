@@ -147,7 +147,7 @@ def run_question_ids(settings: dict) -> set | None:
     to more questions). None when they cannot be known here: no task settings (schema 2, tests), a hub dataset
     (not downloaded for this), or a question file that is gone or no longer holds what the run read (its
     content_sha256 differs)."""
-    from specbench.artefacts import file_digest
+    from specbench.storage.manifest import file_digest
 
     task = settings.get("task") if isinstance(settings, dict) else None
     if not isinstance(task, dict) or not task.get("content_sha256"):

@@ -9,15 +9,29 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specbench.errors import SpecbenchError, damage_reason, refusing_writes
+from specbench.errors import SpecbenchError, damage_reason
 from specbench.questions import Prompt
-from specbench.results._writes import _save_npz, append_line, write_atomically
 from specbench.results.question_keys import question_id_of_key, question_id_problem, question_key
 from specbench.results.readers import RunResults, read_json_file, read_run_results, run_question_ids
 from specbench.results.resumable import resume_refusal
 from specbench.results.schema import SCHEMA_VERSION, SKIP_CAUSES, STEP_COLUMNS
 from specbench.results.steps_file import write_steps_file
 from specbench.results.summary import skip_counts, summarize
+from specbench.storage.atomic import append_whole, write_atomically
+from specbench.storage.refusal import refusing_writes
+
+
+
+def append_line(path: Path, record: dict) -> None:
+    """Append ``record`` to the .jsonl file ``path`` as one line, whole or not at all, synced to the disk
+    (``storage.atomic.append_whole``); if even cutting a failed write back fails, the readers' check of every line
+    leaves it out (``read_result_lines``). A filesystem that refuses is one line naming ``path``."""
+    append_whole(path, (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"), sync=True)
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with path.open("wb") as handle:  # a handle: np.savez would add ".npz" to the staging name
+        np.savez(handle, **arrays)
 
 
 class RunDirectory:

@@ -54,7 +54,7 @@ def question_file_digest(path: str | None) -> str | None:
     """SHA-256 of the question file's content (the built-in sample set's when ``path`` is None; None for a hub
     dataset, whose id and revision name it): an edited file is another benchmark."""
     from specbench.questions import SAMPLE_QUESTIONS
-    from specbench.artefacts import file_digest
+    from specbench.storage.manifest import file_digest
 
     if path is None:
         return file_digest(SAMPLE_QUESTIONS)

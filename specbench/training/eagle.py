@@ -1,9 +1,9 @@
 """Training EAGLE heads (``eagle``: EAGLE-1/EAGLE-2's; ``eagle3``) for any target, so that an EAGLE drafter runs on a
 model no published head exists for.
 
-Data: the target's own greedy answers to specbench's built-in prompt set (``target_answers``), disjoint from the
-evaluation questions, plus ``sampled_answers`` answers per training prompt sampled from the target (cached like
-them). ``held_out`` prompts are kept out of both and measure the head (``held_out_acceptance``). The target runs
+Data (given by ``artefacts.trained_head``, which builds and publishes heads): the target's own greedy answers to
+specbench's built-in prompt set, disjoint from the evaluation questions, plus ``sampled_answers`` answers per
+training prompt sampled from the target (cached like them). ``held_out`` prompts are kept out of both and measure the head (``held_out_acceptance``). The target runs
 over each prompt + answer once and gives the head its features (EAGLE-1: the post-norm last state; EAGLE-3: three
 layers concatenated) and its labels (the target's next-token distribution), with the loss on the positions that
 predict answer tokens (EAGLE trains on assistant turns).
@@ -23,7 +23,7 @@ head's own step j-1 output at t, token x_{t+1+j}) at position t + j, and every s
 distribution at position t + 1 + j. A label position s is trained when P - 1 <= s <= L - 1 (it predicts an answer
 token, or what follows the answer).
 
-Layout beside a head's directory ``D`` (published whole by ``artefacts.replace_directory``)::
+Layout beside a head's directory ``D`` (published whole by ``storage.publish.replace_directory``)::
 
     D.partial/checkpoint.pt    the head, optimizer, schedule and step of a training under way, replaced atomically
                                every CHECKPOINT_S seconds and when the build is interrupted; a re-run resumes from
@@ -37,9 +37,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
-import shlex
-import shutil
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -49,7 +46,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specbench.errors import SpecbenchError, write_refused
+from specbench.errors import SpecbenchError
+from specbench.storage.atomic import write_atomically
+from specbench.storage.refusal import refusing_writes
 
 log = logging.getLogger(__name__)
 
@@ -163,107 +162,6 @@ def _checked(name: str, value, default):
     return float(value)
 
 
-# ---- where heads live, and how they are built on first use -----------------------------------------------------
-
-
-def trained_head_directory(target, kind: str, spec: dict, cache_dir: str | None) -> Path:
-    """Where the cache keeps the head of ``kind`` trained for ``target`` with ``spec`` (a drafter's ``trained``
-    entry). The key holds the whole recipe with its defaults filled in (``Recipe.key``), so an empty spec and one
-    spelling out the defaults are the same head."""
-    from specbench.artefacts import cached_path
-
-    recipe = recipe_of(kind, spec)
-    return cached_path(cache_dir, "heads", f"{target.name}-{kind}",
-                       {"source": target.source, "kind": kind, **recipe.key(kind)})
-
-
-def rebuild_command(target, directory: Path, kind: str, spec: dict) -> str:
-    """The scripts/train_eagle.py command that builds the head of ``spec`` at ``directory``."""
-    words = ["python", "scripts/train_eagle.py", "--model", target.name, "--kind", kind]
-    for name, value in recipe_of(kind, spec).key(kind).items():
-        if name == "recipe_version" or name not in spec:
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(layer) for layer in value)
-        words += [f"--{name.replace('_', '-')}", "none" if value is None else str(value)]
-    return shlex.join([*words, "--out", str(directory)])
-
-
-def build_seconds_estimate(target, kind: str, recipe: Recipe, tokens_per_sequence: int = 300) -> float:
-    """A rough duration of a build on a 2-core CPU for a target the size of SmolLM2-135M (scaled by the target's
-    hidden size squared): features plus training, without generating answers that are not cached yet (about 2
-    minutes each for the greedy and the sampled set). For the log line only."""
-    scale = (int(target.model.config.get_text_config().hidden_size) / 576) ** 2
-    steps = recipe.ttt_steps if kind == "eagle3" else 1
-    work = recipe.train_steps * recipe.batch_sequences * tokens_per_sequence * steps / 1000
-    data = DATA_SECONDS if recipe.train_steps else 0.0
-    return scale * (data + work * SECONDS_PER_KILO_TOKEN_STEP[kind])
-
-
-def planned_head(target, directory: Path, kind: str, spec: dict, command: str | None = None):
-    """The head ``trained_head`` looks up, as a plan entry (``artefacts.PlannedArtefact``); ``command`` builds it
-    ahead of time (default: scripts/train_eagle.py's)."""
-    from specbench.artefacts import PlannedArtefact
-
-    recipe = recipe_of(kind, spec)
-    return PlannedArtefact(
-        what=f"an {kind} head for {target.name} ({recipe.train_steps} training steps; resumable if interrupted)",
-        directory=Path(directory), seconds=build_seconds_estimate(target, kind, recipe),
-        basis=f"{recipe.train_steps} steps x {recipe.batch_sequences} sequences of ~300 tokens, rates measured for "
-              "SmolLM2-135M, scaled by hidden size squared; answers not cached yet come on top",
-        command=command or rebuild_command(target, directory, kind, spec))
-
-
-def trained_head(target, directory: Path, kind: str, spec: dict, given: bool, prepare: str | None = None):
-    """The head of ``kind`` trained for ``target`` with ``spec`` at ``directory``, built there first if missing, by one
-    process while others wait (``artefacts.load_or_rebuild``). A damaged head in the cache (not ``given``) is
-    rebuilt with a warning, since its directory's key covers everything it was built from; a damaged one in a
-    directory the user has ``given`` stops the run with one line naming the problem and the command that rebuilds
-    it. ``prepare``: the command that builds it ahead of time, for the line said before a build (default:
-    scripts/train_eagle.py's)."""
-    from specbench.artefacts import announce_build, load_or_rebuild
-
-    directory = Path(directory)
-    recipe_of(kind, spec)  # a bad recipe is one line before anything is looked up
-    command = rebuild_command(target, directory, kind, spec)
-    rebuild = f"rebuild it with `{command}`"
-
-    def load():
-        return load_trained_head(target, directory, kind, rebuild)
-
-    def build() -> None:
-        announce_build(planned_head(target, directory, kind, spec, prepare))
-        build_trained_head(target, directory, kind, **spec)
-
-    if given:
-        if directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
-            with contextlib.suppress(OSError):
-                directory.rmdir()  # an empty directory made for the head: built as if missing
-        if directory.exists():
-            return load()
-    return load_or_rebuild(directory, f"{kind} head of {target.name}", load, build)
-
-
-def load_trained_head(target, directory: Path, kind: str, rebuild: str):
-    """The published head at ``directory``, found whole first (every file of the size, and when its times changed
-    the SHA-256, that its manifest.json recorded), then loaded strictly by ``load_eagle_head``, which checks it
-    fits ``target``. Anything wrong is a one-line SpecbenchError ending in ``rebuild``."""
-    from specbench.artefacts import read_manifest, verify_files
-    from specbench.models.eagle_heads import load_eagle_head
-
-    manifest = read_manifest(directory, f"trained {kind} head", rebuild)
-    problem = verify_files(directory, manifest)
-    if problem:
-        raise SpecbenchError(f"{directory}: damaged trained {kind} head ({problem}); {rebuild}")
-    if manifest.get("kind") != f"trained {kind} head":
-        raise SpecbenchError(f"{directory} holds a {manifest.get('kind', 'manifest without a kind')}, not a trained "
-                             f"{kind} head; {rebuild}")
-    try:
-        return load_eagle_head(target, str(directory), kind)
-    except SpecbenchError as error:
-        raise SpecbenchError(f"{error}; {rebuild}") from None
-
-
 # ---- data ------------------------------------------------------------------------------------------------------
 
 
@@ -276,98 +174,6 @@ class Sequence:
     features: torch.Tensor        # [L, w] the head's input features (eagle: the post-norm last state)
     final: torch.Tensor           # [L, H] the target's post-norm last state, whose lm_head gives the labels
     greedy: torch.LongTensor      # [L] the target's greedy next token at each position
-
-
-def training_conversations(target) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) the head trains and is measured on: the target's greedy answers to the built-in
-    prompt set (cached; generated on first use)."""
-    from specbench.target_answers import target_answers
-
-    return target_answers(target)
-
-
-def training_prompts(target) -> list[str]:
-    """The prompts of ``training_conversations``, in the same order."""
-    from specbench.datastores.prompts import MODEL_DB_PROMPTS
-    from specbench.target_answers import read_prompts
-
-    return read_prompts(MODEL_DB_PROMPTS)
-
-
-def sampled_answers(target, prompts: list[str], per_prompt: int, temperature: float, seed: int,
-                    max_new_tokens: int = 256, batch_size: int = 16, cache_dir: str | None = None
-                    ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) of ``per_prompt`` answers to each prompt sampled from the target at ``temperature``:
-    more of the target's own text than its greedy answers give, near the paths it drafts on. Generated once
-    and cached like ``target_answers`` (checksummed; one process generates while others wait), batch by batch
-    through a staging file that an interrupted generation resumes from. Each batch draws from a generator seeded
-    by (seed, batch), so a resumed generation samples what an uninterrupted one would."""
-    from specbench.artefacts import cached_path, load_or_rebuild
-
-    jobs = [prompt for _ in range(per_prompt) for prompt in prompts]
-    directory = cached_path(cache_dir, "answers", f"{target.name}-sampled",
-                            {"source": target.source, "prompts": prompts, "per_prompt": per_prompt,
-                             "temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens,
-                             "batch_size": batch_size})
-    from specbench.target_answers import read_answers
-
-    return load_or_rebuild(directory, f"sampled answer set of {target.name}",
-                           lambda: read_answers(directory, len(jobs)),
-                           lambda: _sample_into(directory, target, jobs, temperature, seed, max_new_tokens,
-                                                batch_size))
-
-
-def _sample_into(directory: Path, target, jobs: list[str], temperature: float, seed: int, max_new_tokens: int,
-                 batch_size: int) -> None:
-    from specbench.artefacts import replace_directory
-    from specbench.target_answers import ANSWERS_FILE, append_answers, answer_line, whole_rows
-
-    staging = directory.with_name(f"{directory.name}.partial")
-    pairs = whole_rows(staging, len(jobs))
-    done = len(pairs) if len(pairs) == len(jobs) else len(pairs) // batch_size * batch_size
-    if done < len(pairs):  # the rows of a batch whose writing was killed: sampled again, with its own seed
-        pairs = pairs[:done]
-        staging.unlink()
-        append_answers(staging, pairs)
-    for begin in tqdm(range(done, len(jobs), batch_size), desc=f"{target.name} sampling answers", unit="batch"):
-        batch = _sample_batch(target, jobs[begin:begin + batch_size], temperature, max_new_tokens,
-                              seed * 1_000_003 + begin // batch_size)
-        append_answers(staging, batch)
-        pairs += batch
-    lines = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs)
-    replace_directory(directory, lambda version: (version / ANSWERS_FILE).write_text(lines, encoding="utf-8"),
-                      {"kind": "sampled target answers", "model": {"name": target.name, "source": target.source},
-                       "answers": len(pairs), "temperature": temperature, "seed": seed,
-                       "max_new_tokens": max_new_tokens})
-    with contextlib.suppress(OSError):
-        staging.unlink(missing_ok=True)
-
-
-@torch.inference_mode()
-def _sample_batch(target, prompts: list[str], temperature: float, max_new_tokens: int, seed: int):
-    """Sampled answers (up to the target's EOS) to ``prompts``, left-padded into one batch."""
-    pad = min(target.eos_token_ids)
-    encoded = [target.encode_conversation([prompt], []) for prompt in prompts]
-    width = max(len(ids) for ids in encoded)
-    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(encoded), width), dtype=torch.long)
-    for row, ids in enumerate(encoded):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        attention[row, width - len(ids):] = 1
-    device = target.backend.input_device
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)  # generate() samples from the global generator
-    try:
-        output = target.model.generate(input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
-                                       temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                                       pad_token_id=pad, eos_token_id=sorted(target.eos_token_ids))
-    finally:
-        torch.random.set_rng_state(state)
-    answers = []
-    for ids, row in zip(encoded, output[:, width:].tolist()):
-        cut = next((i for i, token in enumerate(row) if token in target.eos_token_ids), len(row))
-        answers.append((ids, row[:cut]))
-    return answers
 
 
 def held_out_indices(count: int, held_out: int) -> list[int]:
@@ -658,39 +464,26 @@ def held_out_acceptance(head, sequences: list[Sequence], positions: int = EVAL_P
 # ---- training, resumable -----------------------------------------------------------------------------------------
 
 
-def staging_directory(directory: Path) -> Path:
-    """Where a training under way keeps its checkpoint: beside the head's directory."""
-    directory = Path(directory)
-    return directory.with_name(f"{directory.name}.partial")
-
-
 def _trainable(head) -> dict[str, torch.Tensor]:
     return {name: parameter for name, parameter in head.named_parameters() if parameter.requires_grad}
 
 
 def _save_checkpoint(staging: Path, identity: dict, head, optimizer, schedule, step: int, losses: list[float],
                      seconds: float) -> None:
-    """Replace ``staging``/checkpoint.pt through a temporary name, so a kill leaves the old one or the new one."""
-    from specbench.artefacts import unique_suffix
-
+    """Replace ``staging``/checkpoint.pt atomically (``storage.atomic``), so a kill leaves the old one or the new one."""
     state = {"identity": identity, "step": step, "losses": losses, "seconds": seconds,
              "head": {name: tensor.detach().clone() for name, tensor in _trainable(head).items()},
              "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
-    partial = staging / f".{CHECKPOINT}.{unique_suffix()}"
-    try:
-        staging.mkdir(parents=True, exist_ok=True)
+
+    def write(partial: Path) -> None:
         # Through a file object: given a path, torch's writer reports a full disk as a RuntimeError without the
         # errno ("basic_ios::clear: iostream error"); given a file, the write's OSError is in the error's context.
         with open(partial, "wb") as handle:
             torch.save(state, handle)
-        os.replace(partial, staging / CHECKPOINT)
-    except Exception as error:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
-        refusal = write_refused(error, staging / CHECKPOINT)
-        if refusal is None:
-            raise
-        raise refusal from error
+
+    with refusing_writes(staging / CHECKPOINT):
+        staging.mkdir(parents=True, exist_ok=True)
+    write_atomically(staging / CHECKPOINT, write)
 
 
 def _load_checkpoint(staging: Path, identity: dict) -> dict | None:
@@ -814,83 +607,3 @@ def new_head(target, kind: str, recipe: Recipe):
     finally:
         torch.random.set_rng_state(generator_state)  # the caller's random stream is not this build's business
     return head
-
-
-def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: float = CHECKPOINT_S, on_step=None,
-                       **spec) -> dict:
-    """Train a head of ``kind`` for ``target`` with the recipe ``spec`` (``Recipe``'s keys) and publish it whole at
-    ``directory`` (speculators format for eagle3, EAGLE's for eagle, naming ``target.source`` as the verifier) with
-    a manifest of the recipe, the data's sizes, the losses, the held-out acceptance and the seconds; return the
-    manifest. An interrupted build resumes from its checkpoint beside ``directory`` (see the module docstring).
-    ``checkpoint_s`` and ``on_step`` are for tests, not part of the recipe."""
-    from specbench.artefacts import replace_directory
-    from specbench.models.eagle_heads import save_eagle_head
-
-    started = time.perf_counter()
-    directory = Path(directory)
-    recipe = recipe_of(kind, spec)
-    head = new_head(target, kind, recipe)
-    layers = tuple(head.config.feature_layers)
-    identity = {"target": target.source, "kind": kind, "recipe": recipe.key(kind)}
-    staging = staging_directory(directory)
-    data: dict = {"conversations": 0}
-    losses, training_s, features_s, evaluation = [], 0.0, 0.0, {"acceptance": [], "chain_tokens": None, "drafts": 0}
-    if recipe.train_steps > 0:
-        conversations = training_conversations(target)
-        held = held_out_indices(len(conversations), recipe.held_out)
-        held_set = set(held)
-        training_set = [pair for i, pair in enumerate(conversations) if i not in held_set]
-        sampled = []
-        if recipe.sampled_answers:
-            prompts = [prompt for i, prompt in enumerate(training_prompts(target)) if i not in held_set]
-            sampled = sampled_answers(target, prompts, recipe.sampled_answers, recipe.sample_temperature, recipe.seed)
-            data.update(sampled_answers=len(sampled), sampled_answer_tokens=sum(len(answer) for _, answer in sampled))
-        training_set += sampled
-        feature_started = time.perf_counter()
-        training_sequences = target_sequences(target, training_set, layers, f"{target.name} features (training)")
-        measured = target_sequences(target, [conversations[i] for i in held], layers,
-                                    f"{target.name} features (held out)")
-        features_s = time.perf_counter() - feature_started
-        draft_ids = None
-        if getattr(head, "d2t", None) is not None:
-            counts = greedy_token_counts(training_sequences, target.vocab_size)
-            chosen = select_draft_vocabulary(counts, head.config.draft_vocab_size)
-            head.set_draft_vocabulary(torch.from_numpy(chosen))
-            draft_ids = torch.from_numpy(chosen)
-            data["draft_vocab_coverage"] = round(float(counts[chosen].sum() / max(1, counts.sum())), 4)
-            # the share of the held-out greedy choices the draft vocabulary can name: position 1's ceiling
-            measured_counts = greedy_token_counts(measured, target.vocab_size)
-            data["held_out_draft_vocab_coverage"] = round(float(measured_counts[chosen].sum()
-                                                                / max(1, measured_counts.sum())), 4)
-        labels = Labels(target, draft_ids)
-        data.update(conversations=len(conversations), training_conversations=len(training_set) - len(sampled),
-                    held_out_conversations=len(held),
-                    training_answer_tokens=sum(len(answer) for _, answer in training_set),
-                    training_prompt_tokens=sum(len(prompt) for prompt, _ in training_set),
-                    held_out_answer_tokens=sum(len(conversations[i][1]) for i in held))
-        losses, training_s = train(head, labels, training_sequences, kind, recipe, staging, identity,
-                                   checkpoint_s=checkpoint_s, on_step=on_step)
-        evaluation = held_out_acceptance(head, measured)
-    elif getattr(head, "d2t", None) is not None:
-        # no data to count: the draft vocabulary is the first ids (the random head drafts at random anyway)
-        head.set_draft_vocabulary(torch.arange(head.config.draft_vocab_size))
-    manifest = {
-        "kind": f"trained {kind} head",
-        "target": {"name": target.name, "source": target.source, "layers": target.num_layers},
-        "head_kind": kind,
-        "recipe": recipe.key(kind),
-        "feature_layers": list(layers),
-        "draft_vocab_size": head.config.draft_vocab_size,
-        "data": data,
-        "loss": {"first": round(losses[0], 4) if losses else None,
-                 "last20": round(float(np.mean(losses[-20:])), 4) if losses else None},
-        "held_out": evaluation,
-        "seconds": {"features": round(features_s, 1), "training": round(training_s, 1),
-                    "total": round(time.perf_counter() - started, 1)},
-    }
-    replace_directory(directory, lambda version: save_eagle_head(head, version, head.config.format), manifest)
-    with contextlib.suppress(OSError):  # published: the checkpoint is never read again
-        shutil.rmtree(staging)
-    log.info("%s head for %s saved to %s in %.0f s; held-out acceptance per draft position %s", kind, target.name,
-             directory, manifest["seconds"]["total"], evaluation["acceptance"])
-    return manifest

@@ -4,12 +4,8 @@ because a draft's latency is driven by its depth)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import shlex
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,9 +21,6 @@ SELECTIONS = ("first", "evenly", "last")
 # what the draft must predict at run time far better than general text does.
 TARGET_ANSWERS = "target-answers"
 LOGIT_FLOATS_PER_SLICE = 2**25  # 128 MB of fp32 logits per distillation forward pass
-# Measured on 2 cores: distilling a pruned SmolLM2-135M on 100k tokens takes 7.5 to 9.5 minutes whatever the depth
-# (docs/usage.md; the target's forward pass dominates, so a larger target costs in proportion to its size).
-SECONDS_PER_DISTILL_TOKEN = 8.5 * 60 / 100_000
 
 
 def select_layers(num_layers: int, keep, selection: str = "evenly") -> list[int]:
@@ -144,15 +137,6 @@ def distill(student, teacher, batches, tokens: int, lr: float, device) -> list[f
     return losses
 
 
-def check_distillation_corpus(corpus: str, distill_tokens: int) -> None:
-    """A one-line SpecbenchError when a text ``corpus`` that a distillation would read is missing or empty: checked
-    before the target is pruned and distilled, which takes minutes."""
-    if distill_tokens > 0 and corpus != TARGET_ANSWERS:
-        from specbench.datastores.build import checked_corpus
-
-        checked_corpus(corpus)
-
-
 # The numbers of a drafter's ``pruned`` entry (build_pruned_draft's keyword arguments): the least each may be.
 _PRUNED_COUNTS = {"distill_tokens": 0, "block_size": 1, "batch_size": 1, "seed": 0}
 
@@ -172,149 +156,3 @@ def check_pruned_settings(settings: dict) -> None:
     lr = settings.get("lr", 3e-4)
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
         raise SpecbenchError(f"pruned.lr must be a number > 0, not inf or nan, got {lr!r}")
-
-
-def planned_pruned_draft(target, directory: Path, settings: dict, command: str) -> list:
-    """What ``pruned_draft`` looks up, as plan entries: the target's answers when it distils on them (unless the
-    draft is cached) and the draft."""
-    from specbench.artefacts import PlannedArtefact, relative_size
-    from specbench.target_answers import planned_answers, resolve_prompts
-
-    check_pruned_settings(settings)
-    tokens = int(settings.get("distill_tokens", 0))
-    scale = relative_size(target)
-    draft = PlannedArtefact(
-        what=f"the pruned draft of {target.name} ({settings['layers']} layers, "
-             + (f"distilled on {tokens} tokens of {settings.get('corpus', 'python-docs')})" if tokens else
-                "not distilled)"),
-        directory=directory, seconds=tokens * SECONDS_PER_DISTILL_TOKEN * scale + 10,
-        basis=f"{tokens} tokens at {SECONDS_PER_DISTILL_TOKEN * 1000:.1f} ms each measured for SmolLM2-135M, "
-              f"x {scale:.3g} for this target's size; plus about 10 s of pruning and saving",
-        command=command)
-    if tokens == 0 or settings.get("corpus") != TARGET_ANSWERS or directory.exists():
-        return [draft]
-    return [planned_answers(target, resolve_prompts(None), 256, purpose="the pruned draft is distilled on them",
-                            command=command), draft]
-
-
-def build_pruned_draft(target, directory: Path, layers, selection: str, distill_tokens: int, corpus: str,
-                       block_size: int = 256, batch_size: int = 8, lr: float = 3e-4, seed: int = 0) -> dict:
-    """Prune ``target`` (a LoadedModel) to ``layers`` (a count with ``selection``, or indices), distil it on
-    ``distill_tokens`` tokens of ``corpus`` when that is positive, and save a checkpoint with the target's
-    tokenizer and a manifest to ``directory``; return the manifest."""
-    from specbench.datastores.corpus import iter_documents, resolve_corpus
-    from specbench.artefacts import cache_root, replace_directory
-    from specbench.target_answers import target_answers
-
-    started = time.perf_counter()
-    total = target.num_layers
-    kept = select_layers(total, layers, selection)
-    check_distillation_corpus(corpus, distill_tokens)
-    torch.manual_seed(seed)
-    draft = prune(target.model, kept).to(target.device)
-    losses = []
-    if distill_tokens > 0:
-        if corpus == TARGET_ANSWERS:
-            documents = [prompt + answer for prompt, answer in target_answers(target)]
-        else:
-            texts = iter_documents(resolve_corpus(corpus, cache_root(None)))
-            documents = [target.tokenizer.encode(text, add_special_tokens=False)
-                         for text in tqdm(texts, desc="tokenizing", unit="doc")]
-        losses = distill(draft, target.model, token_blocks(documents, block_size, batch_size, seed), distill_tokens,
-                         lr, target.device)
-    manifest = {
-        "target": {"name": target.name, "source": target.source, "layers": total},
-        "kept_layers": kept,
-        "selection": selection if not isinstance(layers, (list, tuple)) else "explicit",
-        "distill": {"tokens": distill_tokens, "corpus": corpus if distill_tokens > 0 else None,
-                    "block_size": block_size, "batch_size": batch_size, "lr": lr, "seed": seed,
-                    "kl_first": losses[0] if losses else None,
-                    "kl_last10": float(np.mean(losses[-10:])) if losses else None},
-        "parameters": sum(p.numel() for p in draft.parameters()),
-        "seconds": round(time.perf_counter() - started, 1),
-    }
-    def write(staging: Path) -> None:
-        draft.save_pretrained(staging)
-        if hasattr(target.tokenizer, "save_pretrained"):  # the draft shares the target's tokenizer by construction
-            target.tokenizer.save_pretrained(staging)
-        (staging / "specbench_draft.json").write_text(json.dumps(manifest, indent=2) + "\n")
-
-    # A new version published whole: a job reading the previous draft keeps a complete directory.
-    replace_directory(directory, write, {"kind": "pruned draft", **manifest})
-    log.info("pruned draft (%d of %d layers) saved to %s in %.0f s", len(kept), total, directory, manifest["seconds"])
-    return manifest
-
-
-def rebuild_command(target, directory: Path, settings: dict) -> str:
-    """The scripts/prune_draft.py command that builds the pruned draft of ``settings`` (a drafter's ``pruned``
-    entry: layers, selection, distill_tokens, corpus, and any of build_pruned_draft's other settings) at
-    ``directory``."""
-    settings = dict(settings)
-    layers = settings.pop("layers")
-    if isinstance(layers, (list, tuple)):
-        # prune_draft.py reads a number without a comma as a count, so one explicit layer is written twice.
-        layers = ",".join(str(layer) for layer in (list(layers) * 2 if len(layers) == 1 else layers))
-    words = ["python", "scripts/prune_draft.py", "--model", target.name, "--layers", str(layers),
-             "--selection", settings.pop("selection", "evenly"),
-             "--distill-tokens", str(settings.pop("distill_tokens", 0)),
-             "--corpus", settings.pop("corpus", "python-docs")]
-    for name, value in settings.items():
-        words += [f"--{name.replace('_', '-')}", str(value)]
-    return shlex.join([*words, "--out", str(directory)])
-
-
-def load_pruned_draft(directory: Path, dtype, rebuild: str, require_manifest: bool = True) -> torch.nn.Module:
-    """The pruned draft checkpoint at ``directory``, found whole first: every file of the size, and when its
-    times changed the SHA-256, that its manifest.json recorded when it was built (``artefacts.verify_files``).
-    A checkpoint without manifest.json (saved by other tools) is loaded unchecked unless ``require_manifest``.
-    Anything wrong is a one-line SpecbenchError naming the file and ``rebuild``."""
-    from transformers import AutoModelForCausalLM
-
-    from specbench.artefacts import MANIFEST, read_manifest, verify_files
-
-    if require_manifest or (directory / MANIFEST).exists():
-        problem = verify_files(directory, read_manifest(directory, "pruned draft", rebuild))
-        if problem:
-            raise SpecbenchError(f"{directory}: damaged pruned draft ({problem}); {rebuild}")
-    try:
-        return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="sdpa",
-                                                    local_files_only=True)
-    except Exception as error:  # transformers' OSError and ValueError, safetensors' SafetensorError, json's
-        reason = " ".join(str(error).split()) or type(error).__name__  # RecursionError, ...: messages may span lines
-        raise SpecbenchError(f"draft checkpoint {directory} does not load ({reason[:300]}); {rebuild}") from None
-
-
-def pruned_draft(target, directory: Path, settings: dict, given: bool, command: str | None = None) -> torch.nn.Module:
-    """The pruned draft of ``settings`` (a drafter's ``pruned`` entry) at ``directory``, built there first if
-    missing, by one process while others wait (``artefacts.load_or_rebuild``). A damaged draft in the cache (not
-    ``given``) is rebuilt with a warning, since its directory's key covers everything it was built from; a damaged
-    one in a directory the user has ``given`` (``path`` beside ``pruned``) stops the run with one line naming the
-    damaged file and the command that rebuilds it, since that directory is the user's own. A build is announced
-    in one line naming ``command`` (default: scripts/prune_draft.py's), what builds it ahead of time."""
-    from specbench.artefacts import announce_build, load_or_rebuild
-
-    check_pruned_settings(settings)
-    rebuild = f"rebuild it with `{rebuild_command(target, directory, settings)}`"
-
-    def load() -> torch.nn.Module:
-        return load_pruned_draft(directory, target.dtype, rebuild, require_manifest=not given)
-
-    def build() -> None:
-        rest = dict(settings)
-        # Its inputs first: the layers to keep and the distillation corpus, before minutes of pruning and distilling.
-        select_layers(target.num_layers, rest["layers"], rest.get("selection", "evenly"))
-        check_distillation_corpus(rest.get("corpus", "python-docs"), rest.get("distill_tokens", 0))
-        announce_build(planned_pruned_draft(target, directory, settings,
-                                            command or rebuild_command(target, directory, settings))[-1])
-        build_pruned_draft(target, directory, rest.pop("layers"), rest.pop("selection", "evenly"),
-                           rest.pop("distill_tokens", 0), rest.pop("corpus", "python-docs"), **rest)
-
-    if given:
-        if directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
-            try:
-                directory.rmdir()  # an empty directory made for the draft: built as if missing, without a warning
-            except OSError:
-                pass
-        if directory.exists():
-            return load()
-    return load_or_rebuild(directory, f"pruned draft of {target.name}", load, build)

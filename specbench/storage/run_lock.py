@@ -7,7 +7,7 @@ recognised as stale and taken over. The file names the holder (pid, host, start 
 It is emptied, never removed, on release: removing it could let two later processes lock two different files.
 
 Where ``flock`` is not supported (Lustre mounted without ``-o flock``, some NFS mounts: ENOSYS, EOPNOTSUPP or
-ENOLCK), the lock is the file's creation instead (``artefacts.FileLock``: ``O_CREAT | O_EXCL``, removed on
+ENOLCK), the lock is the file's creation instead (``storage.locks.FileLock``: ``O_CREAT | O_EXCL``, removed on
 release). A lock left by a dead run of this host is taken over; one held on another host is refused, naming its
 holder and the file to remove if that run is gone, since from here a run on another node cannot be told from a
 killed one.
@@ -24,8 +24,9 @@ import os
 import socket
 from pathlib import Path
 
-from specbench.artefacts import FileLock, describe_holder, holder_is_dead
-from specbench.errors import SpecbenchError, raise_refusal
+from specbench.errors import SpecbenchError
+from specbench.storage.locks import FileLock, describe_holder, holder_is_dead
+from specbench.storage.refusal import raise_refusal
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class RunLock:
             return
         earlier = self._holder()
         if earlier and "token" in earlier and not holder_is_dead(earlier):
-            # Held by creation (artefacts.FileLock) from a host whose mount has no flock: that run is not ours.
+            # Held by creation (storage.locks.FileLock) from a host whose mount has no flock: that run is not ours.
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             self._refuse(earlier, by_creation=True)
         if earlier and earlier.get("pid") != os.getpid():
@@ -121,7 +122,7 @@ class RunLock:
 
     def _refuse_write(self, error: OSError, path: Path | None, what: str) -> None:
         """Remove what this process created and raise the one-line refusal of a filesystem that will not take the
-        write (``errors.storage_refusal``), or ``error`` itself when it is not one (a bug keeps its traceback)."""
+        write (``storage.refusal.storage_refusal``), or ``error`` itself when it is not one (a bug keeps its traceback)."""
         self._remove_created()
         raise_refusal(error, path, what)
 

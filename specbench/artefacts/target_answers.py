@@ -3,7 +3,7 @@ distillation of pruned drafts both read them.
 
 Layout in the cache (``<cache>/answers``)::
 
-    <model>-<key>/                    published whole by artefacts.replace_directory: answers.jsonl and the
+    <model>-<key>/                    published whole by storage.publish.replace_directory: answers.jsonl and the
                                       manifest.json that records its size and SHA-256 (checked on every read)
     <model>-<key>[.rank<r>].partial   the rows of a generation under way, one batch appended at a time; an
                                       interrupted generation resumes from its whole, valid rows
@@ -29,25 +29,19 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specbench.artefacts import (
-    PlannedArtefact,
-    announce_build,
-    cached_path,
-    load_or_rebuild,
-    prepare_command,
-    rank_tag,
-    relative_size,
-    read_manifest,
-    replace_directory,
-    settings_key,
-    verify_files,
-)
+from specbench.artefacts.base import Artefact, PlannedArtefact, prepare_command, relative_size
 from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
-from specbench.errors import SpecbenchError, damage_reason, raise_refusal
+from specbench.errors import SpecbenchError, damage_reason
+from specbench.storage.atomic import append_whole
+from specbench.storage.cache import cached_path, settings_key
+from specbench.storage.locks import rank_tag
+from specbench.storage.manifest import read_manifest, verify_files
+from specbench.storage.publish import replace_directory
+from specbench.storage.refusal import raise_refusal
 
 log = logging.getLogger(__name__)
 ANSWERS_FILE = "answers.jsonl"
-SHIPPED_ANSWERS_DIR = Path(__file__).resolve().parent / "data"
+SHIPPED_ANSWERS_DIR = Path(__file__).resolve().parent.parent / "data"
 SHIPPED_KIND = "shipped target answers"
 # Measured: SmolLM2-135M's greedy answers to the 96 built-in prompts, up to 1024 tokens, batches of 8, took 17 min
 # 37 s on 2 cores (docs/usage.md): 1057 s / (96 x 1024) per answer-token slot. A batch decodes until its longest
@@ -111,58 +105,82 @@ def answers_seconds(target, prompts: int, max_new_tokens: int) -> float:
     return prompts * max_new_tokens * SECONDS_PER_ANSWER_SLOT * relative_size(target)
 
 
+class TargetAnswers(Artefact):
+    """The target's greedy answers to a prompt set: a list of prompts, or a prompt set spec (``read_prompts``;
+    default: the built-in set, disjoint from the evaluation questions). Generated once per model, prompt set and
+    length, and cached with a checksum: HD's model database and the distillation of pruned drafts read the same
+    answers, and damaged ones are generated again with a warning. An interrupted generation resumes from the
+    batches already answered. Answers shipped with the package for exactly these settings are installed instead of
+    generated (``install_shipped_answers``). ``purpose`` and ``command`` (what builds them ahead of time) go into
+    the one line said before a generation starts."""
+
+    def __init__(self, target, prompts: str | list[str] | None = None, max_new_tokens: int = 256,
+                 batch_size: int = 8, cache_dir: str | None = None, purpose: str = "", command: str | None = None):
+        self.target, self.prompts = target, resolve_prompts(prompts)
+        self.max_new_tokens, self.batch_size, self.cache_dir, self.purpose = max_new_tokens, batch_size, cache_dir, purpose
+        self.directory = answers_directory(target, self.prompts, max_new_tokens, cache_dir)
+        self.command = command or prepare_command(target.name)
+
+    @property
+    def settings(self) -> dict:
+        return answers_settings(self.target, self.prompts, self.max_new_tokens)
+
+    @property
+    def what(self) -> str:
+        return (f"the greedy answers of {self.target.name} to {len(self.prompts)} prompts, up to "
+                f"{self.max_new_tokens} tokens each" + (f" ({self.purpose})" if self.purpose else ""))
+
+    @property
+    def label(self) -> str:
+        return f"answer set of {self.target.name}"
+
+    def estimate(self) -> tuple[float | None, str]:
+        scale = relative_size(self.target)
+        return (answers_seconds(self.target, len(self.prompts), self.max_new_tokens),
+                f"{len(self.prompts)} prompts x {self.max_new_tokens} tokens at {SECONDS_PER_ANSWER_SLOT * 1000:.1f} "
+                f"ms per token measured for SmolLM2-135M, x {scale:.3g} for this model's size; shorter answers end "
+                "sooner")
+
+    def shipped_copy(self) -> tuple[bool, str | None]:
+        # The package's copy is checked as an install would check it (a few ms): a plan never promises an install
+        # that would then fail and generate for many minutes.
+        manifest, damage = _shipped_manifest(self.target.name)
+        if manifest is not None and shipped_mismatch(manifest, self.settings) is None:
+            try:
+                shipped_rows(manifest)
+                return True, damage
+            except SpecbenchError as error:
+                damage = str(error)
+        return False, damage
+
+    def rebuild_command(self) -> str:
+        return self.command
+
+    def build(self) -> None:
+        # Answers the package ships are installed, under the build lock, where none are cached and where the
+        # cached copy is damaged (reinstalled whole from the package rather than generated for many minutes).
+        if install_shipped_answers(self.target, self.directory, self.settings):
+            return
+        self.announce()
+        _generate_into(self.directory, self.target, self.prompts, self.max_new_tokens, self.batch_size)
+
+    def load(self) -> list[tuple[list[int], list[int]]]:
+        return read_answers(self.directory, len(self.prompts))
+
+
 def planned_answers(target, prompts: list[str], max_new_tokens: int, cache_dir: str | None = None,
                     purpose: str = "", command: str | None = None) -> PlannedArtefact:
-    """The answer set ``target_answers`` looks up, as a plan entry (``artefacts.PlannedArtefact``)."""
-    settings = answers_settings(target, prompts, max_new_tokens)
-    # The package's copy is checked as an install would check it (a few ms): a plan never promises an install
-    # that would then fail and generate for many minutes.
-    shipped = False
-    manifest, damage = _shipped_manifest(target.name)
-    if manifest is not None and shipped_mismatch(manifest, settings) is None:
-        try:
-            shipped_rows(manifest)
-            shipped = True
-        except SpecbenchError as error:
-            damage = str(error)
-    return PlannedArtefact(
-        what=f"the greedy answers of {target.name} to {len(prompts)} prompts, up to {max_new_tokens} tokens each"
-             + (f" ({purpose})" if purpose else ""),
-        directory=answers_directory(target, prompts, max_new_tokens, cache_dir),
-        seconds=answers_seconds(target, len(prompts), max_new_tokens),
-        basis=f"{len(prompts)} prompts x {max_new_tokens} tokens at {SECONDS_PER_ANSWER_SLOT * 1000:.1f} ms per "
-              f"token measured for SmolLM2-135M, x {relative_size(target):.3g} for this model's size; shorter "
-              "answers end sooner",
-        command=command or prepare_command(target.name),
-        shipped=shipped, shipped_damage=damage)
+    """The plan entry of the answer set ``target_answers`` looks up."""
+    return TargetAnswers(target, prompts, max_new_tokens, cache_dir=cache_dir, purpose=purpose, command=command).plan()
 
 
 def target_answers(target, prompts: str | list[str] | None = None, max_new_tokens: int = 256, batch_size: int = 8,
                    cache_dir: str | None = None, purpose: str = "",
                    command: str | None = None) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) of the target's greedy answers to a prompt set: a list of prompts, or a prompt
-    set spec (``read_prompts``; default: the built-in set, disjoint from the evaluation questions). Generated
-    once per model, prompt set and length, and cached with a checksum: HD's model database and the distillation
-    of pruned drafts read the same answers, and damaged ones are generated again with a warning
-    (``artefacts.load_or_rebuild``). An interrupted generation resumes from the batches already answered.
-    Answers shipped with the package for exactly these settings are installed instead of generated
-    (``install_shipped_answers``). ``purpose`` and ``command`` (what builds them ahead of time) go into the one
-    line said before a generation starts."""
-    prompts = resolve_prompts(prompts)
-    directory = answers_directory(target, prompts, max_new_tokens, cache_dir)
-
-    def generate() -> None:
-        # Answers the package ships are installed, under the build lock, where none are cached and where the
-        # cached copy is damaged (reinstalled whole from the package rather than generated for many minutes).
-        if install_shipped_answers(target, directory, answers_settings(target, prompts, max_new_tokens)):
-            return
-        announce_build(planned_answers(target, prompts, max_new_tokens, cache_dir, purpose, command))
-        _generate_into(directory, target, prompts, max_new_tokens, batch_size)
-
-    # One job generates while another waits and then reads what it published (see artefacts.build_lock for the
-    # ranks of a torchrun job, which generate together).
-    return load_or_rebuild(directory, f"answer set of {target.name}", lambda: read_answers(directory, len(prompts)),
-                           generate)
+    """(prompt ids, answer ids) of ``TargetAnswers``, generated first if need be. One job generates while another
+    waits and then reads what it published (see storage.locks.build_lock for the ranks of a torchrun job, which
+    generate together)."""
+    return TargetAnswers(target, prompts, max_new_tokens, batch_size, cache_dir, purpose, command).get()
 
 
 # ---- answers shipped with the package --------------------------------------------------------------------------
@@ -317,7 +335,7 @@ def _generate_into(directory: Path, target, prompts: list[str], max_new_tokens: 
 
 
 def read_answers(directory: Path, expected: int) -> list[tuple[list[int], list[int]]]:
-    """The (prompt ids, answer ids) of published answers, checked whole (``artefacts.verify_files``: the size,
+    """The (prompt ids, answer ids) of published answers, checked whole (``storage.manifest.verify_files``: the size,
     and the SHA-256 when its times changed, that manifest.json recorded) and holding ``expected`` rows of
     non-negative token ids; otherwise a one-line SpecbenchError."""
     fix = f"remove {directory} to have them generated again"
@@ -377,24 +395,108 @@ def whole_rows(file: Path, limit: int, cut: bool = True) -> list[tuple[list[int]
 
 
 def append_answers(staging: Path, pairs) -> None:
-    """Append the rows of one batch to ``staging``. A write the filesystem refuses part-way (a full disk) is cut
-    back to where the file ended, so the batch is kept whole or not at all, and is one line naming the file."""
-    data = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs).encode("utf-8")
+    """Append the rows of one batch to ``staging``, whole or not at all (``storage.atomic.append_whole``)."""
+    append_whole(staging, "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs).encode("utf-8"))
+
+
+# ---- answers sampled from the target (an EAGLE head's training data) -------------------------------------------
+
+
+class SampledAnswers(Artefact):
+    """``per_prompt`` answers to each prompt sampled from the target at ``temperature``: more of the target's own
+    text than its greedy answers give, near the paths it drafts on. Generated once and cached like
+    ``TargetAnswers`` (checksummed; one process generates while others wait), batch by batch through a staging
+    file that an interrupted generation resumes from. Each batch draws from a generator seeded by (seed, batch),
+    so a resumed generation samples what an uninterrupted one would."""
+
+    def __init__(self, target, prompts: list[str], per_prompt: int, temperature: float, seed: int,
+                 max_new_tokens: int = 256, batch_size: int = 16, cache_dir: str | None = None):
+        self.target, self.per_prompt, self.temperature, self.seed = target, per_prompt, temperature, seed
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self.jobs = [prompt for _ in range(per_prompt) for prompt in prompts]
+        self.directory = cached_path(cache_dir, "answers", f"{target.name}-sampled",
+                                     {"source": target.source, "prompts": prompts, "per_prompt": per_prompt,
+                                      "temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens,
+                                      "batch_size": batch_size})
+        self.command = prepare_command(target.name)
+
+    @property
+    def what(self) -> str:
+        return (f"{self.per_prompt} answers of {self.target.name} sampled at temperature {self.temperature:g} to each "
+                f"of {len(self.jobs) // max(1, self.per_prompt)} prompts")
+
+    @property
+    def label(self) -> str:
+        return f"sampled answer set of {self.target.name}"
+
+    def estimate(self) -> tuple[float | None, str]:
+        return None, "generated within the build of the head that trains on them"
+
+    def rebuild_command(self) -> str:
+        return self.command
+
+    def build(self) -> None:
+        _sample_into(self.directory, self.target, self.jobs, self.temperature, self.seed, self.max_new_tokens,
+                     self.batch_size)
+
+    def load(self) -> list[tuple[list[int], list[int]]]:
+        return read_answers(self.directory, len(self.jobs))
+
+
+def sampled_answers(target, prompts: list[str], per_prompt: int, temperature: float, seed: int,
+                    max_new_tokens: int = 256, batch_size: int = 16, cache_dir: str | None = None
+                    ) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of ``SampledAnswers``, generated first if need be."""
+    return SampledAnswers(target, prompts, per_prompt, temperature, seed, max_new_tokens, batch_size, cache_dir).get()
+
+
+def _sample_into(directory: Path, target, jobs: list[str], temperature: float, seed: int, max_new_tokens: int,
+                 batch_size: int) -> None:
+    staging = directory.with_name(f"{directory.name}.partial")
+    pairs = whole_rows(staging, len(jobs))
+    done = len(pairs) if len(pairs) == len(jobs) else len(pairs) // batch_size * batch_size
+    if done < len(pairs):  # the rows of a batch whose writing was killed: sampled again, with its own seed
+        pairs = pairs[:done]
+        staging.unlink()
+        append_answers(staging, pairs)
+    for begin in tqdm(range(done, len(jobs), batch_size), desc=f"{target.name} sampling answers", unit="batch"):
+        batch = _sample_batch(target, jobs[begin:begin + batch_size], temperature, max_new_tokens,
+                              seed * 1_000_003 + begin // batch_size)
+        append_answers(staging, batch)
+        pairs += batch
+    lines = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs)
+    replace_directory(directory, lambda version: (version / ANSWERS_FILE).write_text(lines, encoding="utf-8"),
+                      {"kind": "sampled target answers", "model": {"name": target.name, "source": target.source},
+                       "answers": len(pairs), "temperature": temperature, "seed": seed,
+                       "max_new_tokens": max_new_tokens})
+    with contextlib.suppress(OSError):
+        staging.unlink(missing_ok=True)
+
+
+@torch.inference_mode()
+def _sample_batch(target, prompts: list[str], temperature: float, max_new_tokens: int, seed: int):
+    """Sampled answers (up to the target's EOS) to ``prompts``, left-padded into one batch."""
+    pad = min(target.eos_token_ids)
+    encoded = [target.encode_conversation([prompt], []) for prompt in prompts]
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        attention[row, width - len(ids):] = 1
+    device = target.backend.input_device
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)  # generate() samples from the global generator
     try:
-        handle = os.open(staging, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as error:
-        raise_refusal(error, staging)
-    try:
-        start = os.fstat(handle).st_size
-        try:
-            written = 0
-            while written < len(data):  # a short write: the rest goes through, or the refusal comes
-                written += os.write(handle, data[written:])
-        except OSError as error:
-            # If even the cut fails, the next build still trusts only the whole rows before it (_whole_rows).
-            with contextlib.suppress(OSError):
-                os.ftruncate(handle, start)
-            raise_refusal(error, staging)
+        output = target.model.generate(input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
+                                       temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                                       pad_token_id=pad, eos_token_id=sorted(target.eos_token_ids))
     finally:
-        os.close(handle)
+        torch.random.set_rng_state(state)
+    answers = []
+    for ids, row in zip(encoded, output[:, width:].tolist()):
+        cut = next((i for i, token in enumerate(row) if token in target.eos_token_ids), len(row))
+        answers.append((ids, row[:cut]))
+    return answers
+
 

@@ -1,0 +1,1 @@
+"""Cached artefacts, one module per kind, each an ``artefacts.base.Artefact``: see base.py."""
