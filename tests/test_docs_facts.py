@@ -170,7 +170,7 @@ def test_the_pruned_drafts_times_agree_between_first_use_usage_and_the_code():
     """first_use.md's table and usage.md quote the same times for a pruned draft's first build (the 256-token
     answers it distils on, the 100k-token distillation), and the code's estimates are built from those times."""
     from specbench.artefacts.target_answers import SECONDS_PER_ANSWER_SLOT
-    from specbench.training.pruning import SECONDS_PER_DISTILL_TOKEN
+    from specbench.artefacts.pruned_draft import SECONDS_PER_DISTILL_TOKEN
 
     first_use = " ".join(page("docs/first_use.md").split())
     usage = " ".join(page("docs/usage.md").split())
