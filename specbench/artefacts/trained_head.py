@@ -69,8 +69,9 @@ def rebuild_command(target, directory: Path, kind: str, spec: dict) -> str:
 
 def build_seconds_estimate(target, kind: str, recipe: Recipe, tokens_per_sequence: int = 300) -> float:
     """A rough duration of a build on a 2-core CPU for a target the size of SmolLM2-135M (scaled by the target's
-    hidden size squared): features plus training, without generating answers that are not cached yet (about 2
-    minutes each for the greedy and the sampled set). For the log line only."""
+    hidden size squared): features plus training, without generating answers that are not cached yet (each
+    answer set has its own estimate, target_answers.SECONDS_PER_ANSWER_SLOT: about 4.5 min for the embedded model,
+    docs/first_use.md). For the log line only."""
     scale = (int(target.model.config.get_text_config().hidden_size) / 576) ** 2
     steps = recipe.ttt_steps if kind == "eagle3" else 1
     work = recipe.train_steps * recipe.batch_sequences * tokens_per_sequence * steps / 1000
