@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from specbench.errors import SpecbenchError
-from specbench.models.kernels import OneDNNLinear
 
 # Known before the model is loaded (checked before anything is loaded) ...
 PLANNED_KEYS = ("processes",)
@@ -33,15 +30,10 @@ def planned_settings(world_size: int) -> dict:
     return {"processes": int(world_size)}
 
 
-def linear_backend_used(module: torch.nn.Module) -> str:
-    """The kernels ``module``'s linear layers run on: onednn when ``use_linear_backend`` replaced them, else aten."""
-    return "onednn" if any(isinstance(child, OneDNNLinear) for child in module.modules()) else "aten"
-
-
 def loaded_placement(model) -> dict:
     """The placement settings of a loaded ``specbench.models.LoadedModel``."""
     return {"placement": model.placement, "devices": ",".join(str(device) for device in model.devices),
-            "linear_backend_used": linear_backend_used(model.model)}
+            "linear_backend_used": model.weights.linear_backend_used}
 
 
 def unrecorded_refusal(output_dir: str | Path, earlier: dict) -> SpecbenchError | None:

@@ -36,7 +36,7 @@ from specbench.errors import SpecbenchError, damage_reason
 from specbench.measure.mismatch import diagnose
 from specbench.models import LoadedModel
 from specbench.models.devices import driver_version, gpus_listed_by_driver, why_no_cuda
-from specbench.models.loaded import weights_fingerprint
+from specbench.targets.transformers import weights_fingerprint
 from specbench.models.prompt_format import too_long_for_context
 from specbench.config import check_config
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, other_load, safe_threads, usable_cores
@@ -399,7 +399,7 @@ def _measure(cfg, settings: RunSettings, model: LoadedModel, drafter: Drafter, s
     if finished:
         log.info("resuming in %s: %d of %d questions already done", output_dir, len(finished), len(questions))
 
-    decoder = Decoder(model.backend, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
+    decoder = Decoder(model.target, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
                       target_top_k=settings.target_top_k, diagnostic_top_k=settings.mismatch_top_k)
     pending = _skip_too_long(model, pending, run_dir)
     if pending:

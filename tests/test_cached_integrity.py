@@ -17,7 +17,8 @@ from conftest import PROMPTS
 import specbench.target_answers as answers_module
 from specbench.drafters.draft_model import DraftModel, pruned_draft_directory
 from specbench.errors import SpecbenchError
-from specbench.training.pruning import build_pruned_draft, prune
+from specbench.targets.transformers import prune
+from specbench.training.pruning import build_pruned_draft
 from specbench.target_answers import target_answers
 
 SPEC = {"layers": 1, "selection": "first", "distill_tokens": 0, "corpus": "python-docs"}
@@ -60,7 +61,7 @@ def same_weights(model, reference) -> bool:
 def test_a_cached_pruned_draft_damaged_in_place_is_rebuilt_with_a_warning(tiny, tmp_path, caplog):
     drafter = DraftModel(drafts_by_family={"tiny-random": {"pruned": SPEC}}, cache_dir=str(tmp_path))
     drafter.prepare(tiny)
-    reference = prune(tiny.model, [0])
+    reference = prune(tiny.weights.module, [0])
     assert same_weights(drafter.draft, reference)
     weights = pruned_draft_directory(tiny, SPEC, str(tmp_path)) / "model.safetensors"
     overwrite_keeping_size_and_mtime(weights, flip_bytes)

@@ -293,8 +293,8 @@ def head(tiny, tmp_path_factory):
     from specbench.models.eagle_heads import build_head, head_config_for, save_eagle_head
 
     torch.manual_seed(0)
-    model_head = build_head(head_config_for(tiny, "eagle"), tiny.model.get_output_embeddings(),
-                            tiny.model.get_input_embeddings().weight)
+    model_head = build_head(head_config_for(tiny, "eagle"), tiny.weights.module.get_output_embeddings(),
+                            tiny.weights.module.get_input_embeddings().weight)
     directory = tmp_path_factory.mktemp("head") / "head"
     directory.mkdir()
     save_eagle_head(model_head, directory, "eagle")

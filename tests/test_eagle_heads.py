@@ -46,7 +46,8 @@ def make_head(target, kind, seed=0, draft_vocab_size=None, **overrides):
     """A head for ``target`` with every weight random (norms near 1, not 1: a misplaced norm must show)."""
     config = head_config_for(target, kind, draft_vocab_size=draft_vocab_size, **overrides)
     torch.manual_seed(seed)
-    head = build_head(config, target.model.get_output_embeddings(), target.model.get_input_embeddings().weight)
+    head = build_head(config, target.weights.module.get_output_embeddings(),
+                      target.weights.module.get_input_embeddings().weight)
     with torch.no_grad():
         for name, parameter in head.named_parameters():
             if name == "embed_tokens.weight":
@@ -79,7 +80,7 @@ def run(head, token_ids, hidden, start=0, from_target=True):
 
 def lm_head_weight(target):
     """The target's output matrix, also when run.linear_backend packed it for oneDNN."""
-    lm_head = target.model.get_output_embeddings()
+    lm_head = target.weights.module.get_output_embeddings()
     weight = getattr(lm_head, "weight", None)
     return (weight if weight is not None else lm_head.packed_weight.to_dense()).detach()
 
@@ -308,7 +309,7 @@ def test_save_and_load_round_trip(target, tmp_path, format):
     if format == "speculators":
         assert loaded.config.feature_layers == (1, 3, 5) and loaded.config.verifier == target.source
     if kind == "eagle3":  # the embedding the file lacks is the target's own tensor, not a second copy
-        assert loaded.embed_tokens.weight.data_ptr() == target.model.get_input_embeddings().weight.data_ptr()
+        assert loaded.embed_tokens.weight.data_ptr() == target.weights.module.get_input_embeddings().weight.data_ptr()
     token_ids, hidden = inputs(head)
     for mine, theirs in zip(run(head, token_ids, hidden), run(loaded, token_ids, hidden)):
         torch.testing.assert_close(theirs, mine, atol=0, rtol=0)

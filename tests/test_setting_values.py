@@ -154,8 +154,8 @@ def head_directory(tiny, tmp_path_factory):
     from specbench.models.eagle_heads import build_head, head_config_for, save_eagle_head
 
     torch.manual_seed(0)
-    head = build_head(head_config_for(tiny, "eagle"), tiny.model.get_output_embeddings(),
-                      tiny.model.get_input_embeddings().weight)
+    head = build_head(head_config_for(tiny, "eagle"), tiny.weights.module.get_output_embeddings(),
+                      tiny.weights.module.get_input_embeddings().weight)
     directory = tmp_path_factory.mktemp("head")
     save_eagle_head(head, directory, "eagle")
     return tiny, directory
@@ -221,8 +221,9 @@ def eagle3_head_directory(tiny, tmp_path_factory):
     from specbench.models.eagle_heads import build_head, head_config_for, save_eagle_head
 
     torch.manual_seed(0)
-    head = build_head(head_config_for(tiny, "eagle3", feature_layers=(0, 1, 1)), tiny.model.get_output_embeddings(),
-                      tiny.model.get_input_embeddings().weight)
+    head = build_head(head_config_for(tiny, "eagle3", feature_layers=(0, 1, 1)),
+                      tiny.weights.module.get_output_embeddings(),
+                      tiny.weights.module.get_input_embeddings().weight)
     directory = tmp_path_factory.mktemp("eagle3-head")
     save_eagle_head(head, directory, "eagle3")
     return tiny, directory

@@ -509,19 +509,19 @@ def head_config_for(target, kind: str, draft_vocab_size: int | None = None, feat
     any other HeadConfig field (e.g. ``format="speculators"``)."""
     if kind not in HEAD_KINDS:
         raise SpecbenchError(f"EAGLE head kind {kind!r} is unknown; choose one of {', '.join(HEAD_KINDS)}")
-    text = target.model.config.get_text_config()
-    hidden = int(text.hidden_size)
-    heads = int(text.num_attention_heads)
-    theta, scaling = _rope_of(text.to_dict())
+    text = target.weights.architecture
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    theta, scaling = _rope_of(text)
     format = overrides.get("format", kind)
     scaling_kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
     if scaling_kind != "linear" and not (scaling_kind == "llama3" and format == "speculators"):
         scaling = None  # EAGLE's heads never apply the other scalings (llama3 runs as plain rotary there)
     values = dict(
-        kind=kind, hidden_size=hidden, intermediate_size=int(text.intermediate_size), num_attention_heads=heads,
-        num_key_value_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
-        rms_norm_eps=float(getattr(text, "rms_norm_eps", DEFAULT_RMS_NORM_EPS)),
+        kind=kind, hidden_size=hidden, intermediate_size=int(text["intermediate_size"]), num_attention_heads=heads,
+        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=int(text.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(text.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS)),
         rope_theta=float(theta if theta is not None else DEFAULT_ROPE_THETA), rope_scaling=scaling,
         vocab_size=int(target.vocab_size),
         draft_vocab_size=int(draft_vocab_size) if draft_vocab_size is not None else int(target.vocab_size),
@@ -579,12 +579,12 @@ def load_eagle_head(target, source: str, kind: str, revision: str | None = None,
     _check_keys(config, state, source)
     _check_shapes(config, state, source, target)
     if config.kind == "eagle":
-        _check_embedding(state[EMBEDDING_KEY], _target_embedding(target), source, target.name)
+        _check_embedding(state[EMBEDDING_KEY], target.weights.input_embeddings(), source, target.name)
     _check_d2t(state.get("d2t"), config, source, target)
 
-    target_embedding = _target_embedding(target)
+    target_embedding = target.weights.input_embeddings()
     with torch.device("meta"):  # no random initialisation of weights that are about to be replaced
-        head = EagleHead(config, target_output_layer(target) if config.kind == "eagle" else None)
+        head = EagleHead(config, target.weights.output_layer() if config.kind == "eagle" else None)
     if EMBEDDING_KEY not in state:
         state[EMBEDDING_KEY] = target_embedding.detach()  # shared, not copied: the head never changes it
     head.load_state_dict(state, strict=True, assign=True)
@@ -798,14 +798,14 @@ def _check_config_fits(config: HeadConfig, target, source: str) -> None:
     if config.vocab_size != target.vocab_size:
         raise SpecbenchError(f"head {source} was trained for a vocabulary of {config.vocab_size} tokens, target "
                              f"{target.name} has {target.vocab_size}")
-    hidden = _target_hidden_size(target)
+    hidden = target.weights.hidden_size
     if config.target_hidden_size != hidden:
         raise SpecbenchError(f"head {source} reads target features of width {config.target_hidden_size}, target "
                              f"{target.name} has hidden size {hidden}")
 
 
 def _check_shapes(config: HeadConfig, state: dict, source: str, target) -> None:
-    hidden = _target_hidden_size(target)
+    hidden = target.weights.hidden_size
     fc_in = state["fc.weight"].shape[1] if state["fc.weight"].ndim == 2 else None
     if fc_in != config.fc_in_features:
         what = (f"{config.num_features} feature layers x target hidden {hidden}" if config.kind == "eagle3"
@@ -856,26 +856,6 @@ def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor, as one process has it: under tensor parallelism the target's weights are shards (DTensors),
     and the head, which is not sharded, runs on plain tensors in every process."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def _target_embedding(target) -> torch.Tensor:
-    return _whole(target.model.get_input_embeddings().weight)
-
-
-def target_output_layer(target) -> nn.Module:
-    """The target's lm_head for an EAGLE-1 head's draft logits: the module itself, or under tensor parallelism a
-    frozen copy of its whole weight (a sharded lm_head wants sharded inputs)."""
-    layer = target.model.get_output_embeddings()
-    weight = getattr(layer, "weight", None)
-    if weight is None or not hasattr(weight, "full_tensor"):
-        return layer  # a plain or oneDNN-packed linear: called as it is
-    whole = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-    whole.weight = nn.Parameter(weight.full_tensor().detach(), requires_grad=False)
-    return whole
-
-
-def _target_hidden_size(target) -> int:
-    return int(target.model.config.get_text_config().hidden_size)
 
 
 def save_eagle_head(head: EagleHead, directory: str | Path, format: str) -> None:
