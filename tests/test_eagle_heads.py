@@ -12,16 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specbench.errors import SpecbenchError
-from specbench.models import eagle_heads
-from specbench.models.eagle_heads import (
-    HeadConfig,
-    build_head,
-    draft_offsets,
-    head_config_for,
-    load_eagle_head,
-    rotary_inverse_frequencies,
-    save_eagle_head,
-)
+from specbench.models import eagle_head_files
+from specbench.models.eagle_head_files import load_eagle_head, save_eagle_head
+from specbench.models.eagle_heads import HeadConfig, build_head, draft_offsets, head_config_for, rotary_inverse_frequencies
 from specbench.models.tiny import build_tiny_random
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -345,7 +338,7 @@ def test_ignored_extras_load(target, tmp_path):
 def test_warns_when_the_verifier_is_another_model(target, tmp_path, caplog):
     head = make_head(target, "eagle3", format="speculators", verifier="meta-llama/Llama-3.1-8B-Instruct")
     save_eagle_head(head, tmp_path, "speculators")
-    with caplog.at_level(logging.WARNING, logger=eagle_heads.__name__):
+    with caplog.at_level(logging.WARNING, logger=eagle_head_files.__name__):
         load_eagle_head(target, str(tmp_path), "eagle3")
     assert "Llama-3.1-8B-Instruct" in caplog.text
 

@@ -75,11 +75,11 @@ class FeatureReader(ScriptedDrafter):
         self.features.append(outcome.hidden_states)
 
 
-def test_a_drafter_gets_the_hidden_states_of_the_tokens_each_step_settled(tiny, prompt_ids):
+def test_a_drafter_gets_the_hidden_states_of_the_tokens_each_step_settled(each_target, tiny, prompt_ids):
     ids = prompt_ids[2]
     reference = greedy_reference(tiny.weights.module, ids, 12)
     drafter = FeatureReader(reference, length=3, mode="right")
-    generation = Decoder(tiny.target, frozenset(), 8).generate(ids, drafter, 12)
+    generation = Decoder(each_target, frozenset(), 8).generate(ids, drafter, 12)
     assert generation.token_ids == reference
     with torch.inference_mode():
         states = tiny.weights.module(input_ids=torch.tensor([ids + reference]), output_hidden_states=True).hidden_states
@@ -94,18 +94,18 @@ def test_a_drafter_gets_the_hidden_states_of_the_tokens_each_step_settled(tiny, 
         position += step.accepted_tokens
 
 
-def test_hidden_states_are_computed_only_when_asked(tiny, prompt_ids):
-    target = tiny.target
+def test_hidden_states_are_computed_only_when_asked(each_target, prompt_ids):
+    target = each_target
     Decoder(target, frozenset(), 8).generate(prompt_ids[0], ScriptedDrafter([], 0), 3)
     assert target.hidden_states() is None
     with pytest.raises(Exception, match="layers 0..2"):
         target.request_hidden_states((3,))
 
 
-def test_a_tree_pass_through_the_target_keeps_the_accepted_branch(tiny, prompt_ids):
+def test_a_tree_pass_through_the_target_keeps_the_accepted_branch(each_target, tiny, prompt_ids):
     ids = prompt_ids[0]
     expected = greedy_reference(tiny.weights.module, ids, 4)
-    target = TransformersTarget(tiny.weights.module)
+    target = each_target
     with torch.inference_mode():
         target.start(64)
         target.prefill(np.array(ids), False, 2)

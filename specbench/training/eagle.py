@@ -249,7 +249,7 @@ def load_trained_head(target, directory: Path, kind: str, rebuild: str):
     the SHA-256, that its manifest.json recorded), then loaded strictly by ``load_eagle_head``, which checks it
     fits ``target``. Anything wrong is a one-line SpecbenchError ending in ``rebuild``."""
     from specbench.artefacts import read_manifest, verify_files
-    from specbench.models.eagle_heads import load_eagle_head
+    from specbench.models.eagle_head_files import load_eagle_head
 
     manifest = read_manifest(directory, f"trained {kind} head", rebuild)
     problem = verify_files(directory, manifest)
@@ -820,7 +820,7 @@ def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: floa
     manifest. An interrupted build resumes from its checkpoint beside ``directory`` (see the module docstring).
     ``checkpoint_s`` and ``on_step`` are for tests, not part of the recipe."""
     from specbench.artefacts import replace_directory
-    from specbench.models.eagle_heads import save_eagle_head
+    from specbench.models.eagle_head_files import save_eagle_head
 
     started = time.perf_counter()
     directory = Path(directory)
