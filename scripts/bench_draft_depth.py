@@ -63,7 +63,7 @@ def main() -> None:
 
     cfg = compose([f"model={args.model}", *args.overrides])
     target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
-    target_seconds = seconds_per_token(target.model)
+    target_seconds = seconds_per_token(target.weights.module)
     rows = []
     for depth in args.depths:
         spec = {"layers": depth, "selection": "evenly", "distill_tokens": args.distill_tokens, "corpus": args.corpus}
@@ -72,7 +72,7 @@ def main() -> None:
             build_pruned_draft(target, directory, depth, "evenly", args.distill_tokens, args.corpus)
         from transformers import AutoModelForCausalLM
 
-        from specbench.models import use_linear_backend
+        from specbench.targets.kernels import use_linear_backend
 
         draft = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype, attn_implementation="sdpa")
         draft = draft.to(target.device).eval()

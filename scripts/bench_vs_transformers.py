@@ -70,18 +70,18 @@ def main() -> None:
     cfg = compose([f"model={args.model}", f"run.verify_padding={args.verify_padding}",
                    f"run.draft_budget={args.draft_budget}", f"run.max_draft_tokens={args.num_draft_tokens}"])
     target = instantiate(cfg.model, device=cfg.run.device, linear_backend=args.linear_backend)
-    model = target.model
+    model = target.weights.module  # transformers' own generate runs on the same module
     hf_model = model
     if args.hf_linear_backend != "same":
-        hf_model = instantiate(cfg.model, device=cfg.run.device, linear_backend=args.hf_linear_backend).model
+        hf_model = instantiate(cfg.model, device=cfg.run.device, linear_backend=args.hf_linear_backend).weights.module
     eos = sorted(target.eos_token_ids)
     questions = select_questions(read_questions(args.questions), list(TASKS), args.limit_per_task)
-    decoder = Decoder(target.backend, target.eos_token_ids, max_draft_tokens=cfg.run.max_draft_tokens)
+    decoder = Decoder(target.target, target.eos_token_ids, max_draft_tokens=cfg.run.max_draft_tokens)
     pld = PromptLookup(max_ngram_size=args.max_ngram, num_draft_tokens=args.num_draft_tokens)
     ar = NoDraft()
 
     def hf_generate(ids, **extra):
-        input_ids = torch.tensor([ids], device=target.backend.input_device)
+        input_ids = torch.tensor([ids], device=target.weights.input_device)
         output = hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
                                 max_new_tokens=args.max_new_tokens, eos_token_id=eos, pad_token_id=eos[0], **extra)
         return output[0, len(ids):].tolist()

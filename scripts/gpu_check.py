@@ -174,9 +174,9 @@ def greedy_reference(model, ids: list[int], max_new_tokens: int, top_k: int = 8)
     ``top_k`` (ids, logits) of every step's raw logits, [n, k] each, to classify a difference (``mismatch``)."""
     input_ids = torch.tensor([ids], device=model.device)
     with torch.no_grad():
-        output = model.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                      max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0,
-                                      return_dict_in_generate=True, output_logits=True)
+        output = model.weights.module.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                               max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0,
+                                               return_dict_in_generate=True, output_logits=True)
     logits = torch.stack([step[0] for step in output.logits]).float()
     top = torch.topk(logits, top_k, dim=-1)
     return output.sequences[0, len(ids):].tolist(), (top.indices.cpu().numpy(), top.values.cpu().numpy())
@@ -186,7 +186,7 @@ def decoder(model, max_draft_tokens: int = 96, clock=None):
     from specbench.decoding.loop import Decoder
     from specbench.decoding.sampling import Sampling
 
-    return Decoder(model.backend, frozenset(), max_draft_tokens, sampling=Sampling(temperature=0.0), clock=clock)
+    return Decoder(model.target, frozenset(), max_draft_tokens, sampling=Sampling(temperature=0.0), clock=clock)
 
 
 def no_draft():
@@ -338,7 +338,7 @@ def big_model_rows(check: Check) -> list[Row]:
         torch.cuda.reset_peak_memory_stats(check.device)
     model, label = build_big(check)
     loaded = memory(check)
-    target = model.backend
+    target = model.target
     prefill_length = 2000 if not check.quick else 500
     prompt = np.asarray(random_prompt(prefill_length, 1), dtype=np.int64)
     with torch.inference_mode():
@@ -486,7 +486,7 @@ def count_round_trips(model, drafter, ids, max_new_tokens, torch_syncs: TorchSyn
     counts = {"syncs": 0, "reads": 0, "uploads": 0}
     per_step, last, last_torch = [], dict(counts), 0
     download, upload = TransformersTarget._download, TransformersTarget._upload_to
-    target = model.backend
+    target = model.target
 
     def counted_download(self, tensor):
         counts["reads"] += 1

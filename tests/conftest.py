@@ -53,6 +53,24 @@ def tiny():
     return instantiate(compose(["model=tiny-random"]).model, device="cpu", linear_backend="auto")
 
 
+# Every Target implementation, by name: the lossless contract tests run over each (``each_target``).
+TARGET_KINDS = ("transformers", "reference")
+
+
+def target_of(kind: str, loaded):
+    """A fresh Target of ``kind`` over ``loaded``'s transformers module (the reference one has no KV cache)."""
+    from specbench.targets.reference import ReferenceTarget
+    from specbench.targets.transformers import TransformersTarget
+
+    return {"transformers": TransformersTarget, "reference": ReferenceTarget}[kind](loaded.weights.module)
+
+
+@pytest.fixture(scope="session", params=TARGET_KINDS)
+def each_target(request, tiny):
+    """tiny-random behind each Target implementation in turn."""
+    return target_of(request.param, tiny)
+
+
 @pytest.fixture(scope="session")
 def prompt_ids(tiny):
     return [tiny.encode_conversation([text], []) for text in PROMPTS]

@@ -79,9 +79,9 @@ def test_a_budget_changes_speed_never_output(tiny, prompt_ids):
     """With a cost that grows steeply, drafts are cut (the always-wrong drafter ends up drafting nothing)
     and the output stays exactly greedy."""
     budget = DraftBudget(lambda sizes: 1.0 + 0.5 * (np.asarray(sizes) - 1))
-    decoder = Decoder(tiny.backend, frozenset(), 64, draft_budget=budget)
+    decoder = Decoder(tiny.target, frozenset(), 64, draft_budget=budget)
     for ids in prompt_ids:
-        expected = greedy_reference(tiny.model, ids, 40)
+        expected = greedy_reference(tiny.weights.module, ids, 40)
         wrong = decoder.generate(ids, ScriptedDrafter(expected, 6, mode="wrong"), 40)
         assert wrong.token_ids == expected
         assert wrong.steps[-1].draft_tokens == 0
@@ -97,7 +97,7 @@ def test_what_the_budget_learned_belongs_to_one_question(tiny, prompt_ids):
     from specbench.engines.conversation import answer_question
 
     def budget_decoder():
-        return Decoder(tiny.backend, frozenset(), 64,
+        return Decoder(tiny.target, frozenset(), 64,
                        draft_budget=DraftBudget(lambda sizes: 1.0 + 0.4 * (np.asarray(sizes) - 1), explore=0.1))
 
     class Constant(ScriptedDrafter):  # the same six tokens every step: rarely right, so the budget learns to cut

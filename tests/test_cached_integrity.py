@@ -19,7 +19,7 @@ from specbench.artefacts.pruned_draft import pruned_draft_directory
 from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
 from specbench.artefacts.pruned_draft import build_pruned_draft
-from specbench.training.pruning import prune
+from specbench.targets.transformers import prune
 from specbench.artefacts.target_answers import target_answers
 
 SPEC = {"layers": 1, "selection": "first", "distill_tokens": 0, "corpus": "python-docs"}
@@ -62,7 +62,7 @@ def same_weights(model, reference) -> bool:
 def test_a_cached_pruned_draft_damaged_in_place_is_rebuilt_with_a_warning(tiny, tmp_path, caplog):
     drafter = DraftModel(drafts_by_family={"tiny-random": {"pruned": SPEC}}, cache_dir=str(tmp_path))
     drafter.prepare(tiny)
-    reference = prune(tiny.model, [0])
+    reference = prune(tiny.weights.module, [0])
     assert same_weights(drafter.draft, reference)
     weights = pruned_draft_directory(tiny, SPEC, str(tmp_path)) / "model.safetensors"
     overwrite_keeping_size_and_mtime(weights, flip_bytes)

@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import SMALL_MODEL_DB, ScriptedDrafter, greedy_reference
+from conftest import SMALL_MODEL_DB, TARGET_KINDS, ScriptedDrafter, greedy_reference, target_of
 from hydra.utils import instantiate
 
 from specbench.config import compose, group_options
@@ -46,11 +46,11 @@ def check_records(generation, drafter):
 
 @pytest.mark.parametrize("name", DRAFTERS)
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 64])
-def test_every_configured_drafter_matches_greedy_decoding(name, max_new_tokens, tiny, prompt_ids):
+def test_every_configured_drafter_matches_greedy_decoding(name, max_new_tokens, each_target, tiny, prompt_ids):
     drafter = make_drafter(name, tiny)
-    decoder = Decoder(tiny.backend, frozenset(), max_draft_tokens=64)
+    decoder = Decoder(each_target, frozenset(), max_draft_tokens=64)
     for ids in prompt_ids:
-        expected = greedy_reference(tiny.model, ids, max_new_tokens)
+        expected = greedy_reference(tiny.weights.module, ids, max_new_tokens)
         generation = decoder.generate(ids, drafter, max_new_tokens)
         assert generation.token_ids == expected
         assert generation.finish_reason == "length"
@@ -58,55 +58,57 @@ def test_every_configured_drafter_matches_greedy_decoding(name, max_new_tokens, 
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_eos_inside_the_output_ends_decoding_exactly_like_greedy(name, tiny, prompt_ids):
+def test_eos_inside_the_output_ends_decoding_exactly_like_greedy(name, each_target, tiny, prompt_ids):
     drafter = make_drafter(name, tiny)
     for ids in prompt_ids:
-        free_run = greedy_reference(tiny.model, ids, 48)
+        free_run = greedy_reference(tiny.weights.module, ids, 48)
         for eos_position in (0, 5, 23):
             eos = free_run[eos_position]
-            expected = greedy_reference(tiny.model, ids, 48, [eos])
+            expected = greedy_reference(tiny.weights.module, ids, 48, [eos])
             assert expected[-1] == eos and eos not in expected[:-1]
-            generation = Decoder(tiny.backend, frozenset([eos]), 64).generate(ids, drafter, 48)
+            generation = Decoder(each_target, frozenset([eos]), 64).generate(ids, drafter, 48)
             assert generation.token_ids == expected
             assert generation.finish_reason == "eos"
             check_records(generation, drafter)
 
 
+@pytest.mark.parametrize("kind", TARGET_KINDS)
 @pytest.mark.parametrize("architecture", OTHER_ARCHITECTURES)
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_every_configured_drafter_matches_greedy_decoding_on_the_other_architectures(name, architecture, prompt_ids):
+def test_every_configured_drafter_matches_greedy_decoding_on_the_other_architectures(name, architecture, kind,
+                                                                                     prompt_ids):
     """The Qwen2 and Qwen3 models (biased projections, per-head norms) under every drafter: short runs to a length
     and one to an EOS inside the output."""
     target = tiny_of(architecture)
     drafter = make_drafter(name, target)
-    decoder = Decoder(target.backend, frozenset(), max_draft_tokens=64)
+    decoder = Decoder(target_of(kind, target), frozenset(), max_draft_tokens=64)
     for ids in prompt_ids:
-        expected = greedy_reference(target.model, ids, 24)
+        expected = greedy_reference(target.weights.module, ids, 24)
         generation = decoder.generate(ids, drafter, 24)
         assert generation.token_ids == expected
         assert generation.finish_reason == "length"
         check_records(generation, drafter)
     ids = prompt_ids[0]
-    eos = greedy_reference(target.model, ids, 24)[9]
-    expected = greedy_reference(target.model, ids, 24, [eos])
-    generation = Decoder(target.backend, frozenset([eos]), 64).generate(ids, drafter, 24)
+    eos = greedy_reference(target.weights.module, ids, 24)[9]
+    expected = greedy_reference(target.weights.module, ids, 24, [eos])
+    generation = Decoder(target_of(kind, target), frozenset([eos]), 64).generate(ids, drafter, 24)
     assert generation.token_ids == expected and expected[-1] == eos
     assert generation.finish_reason == "eos"
     check_records(generation, drafter)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_padding_verify_shapes_changes_nothing(name, tiny, prompt_ids):
+def test_padding_verify_shapes_changes_nothing(name, each_target, tiny, prompt_ids):
     drafter = make_drafter(name, tiny)
-    padded = Decoder(tiny.backend, frozenset(), 64, VerifyShapes([0, 1, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16]))
+    padded = Decoder(each_target, frozenset(), 64, VerifyShapes([0, 1, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16]))
     for ids in prompt_ids:
-        assert padded.generate(ids, drafter, 40).token_ids == greedy_reference(tiny.model, ids, 40)
+        assert padded.generate(ids, drafter, 40).token_ids == greedy_reference(tiny.weights.module, ids, 40)
 
 
-def test_always_right_drafter_has_every_token_accepted(tiny, prompt_ids):
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+def test_always_right_drafter_has_every_token_accepted(each_target, tiny, prompt_ids):
+    decoder = Decoder(each_target, frozenset(), 64)
     for ids in prompt_ids:
-        expected = greedy_reference(tiny.model, ids, 40)
+        expected = greedy_reference(tiny.weights.module, ids, 40)
         generation = decoder.generate(ids, ScriptedDrafter(expected, length=5), 40)
         assert generation.token_ids == expected
         verify_steps = generation.steps[1:]
@@ -115,10 +117,10 @@ def test_always_right_drafter_has_every_token_accepted(tiny, prompt_ids):
         assert [s.accepted_tokens for s in verify_steps] == [6] * 6 + [3]
 
 
-def test_always_wrong_drafter_has_nothing_accepted(tiny, prompt_ids):
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+def test_always_wrong_drafter_has_nothing_accepted(each_target, tiny, prompt_ids):
+    decoder = Decoder(each_target, frozenset(), 64)
     for ids in prompt_ids:
-        expected = greedy_reference(tiny.model, ids, 30)
+        expected = greedy_reference(tiny.weights.module, ids, 30)
         generation = decoder.generate(ids, ScriptedDrafter(expected, length=4, mode="wrong"), 30)
         assert generation.token_ids == expected
         verify_steps = generation.steps[1:]
@@ -128,19 +130,19 @@ def test_always_wrong_drafter_has_nothing_accepted(tiny, prompt_ids):
         assert [s.draft_tokens for s in verify_steps] == [min(4, 28 - i) for i in range(29)]
 
 
-def test_drafts_longer_than_the_budget_are_cut(tiny, prompt_ids):
+def test_drafts_longer_than_the_budget_are_cut(each_target, tiny, prompt_ids):
     ids = prompt_ids[0]
-    expected = greedy_reference(tiny.model, ids, 7)
-    generation = Decoder(tiny.backend, frozenset(), 64).generate(ids, ScriptedDrafter(expected + [1] * 20, 15), 7)
+    expected = greedy_reference(tiny.weights.module, ids, 7)
+    generation = Decoder(each_target, frozenset(), 64).generate(ids, ScriptedDrafter(expected + [1] * 20, 15), 7)
     assert generation.token_ids == expected
     assert [s.draft_tokens for s in generation.steps] == [0, 5]
     assert [s.accepted_tokens for s in generation.steps] == [1, 6]
 
 
-def test_empty_drafts_between_full_ones(tiny, prompt_ids):
+def test_empty_drafts_between_full_ones(each_target, tiny, prompt_ids):
     ids = prompt_ids[1]
-    expected = greedy_reference(tiny.model, ids, 30)
-    generation = Decoder(tiny.backend, frozenset(), 64).generate(
+    expected = greedy_reference(tiny.weights.module, ids, 30)
+    generation = Decoder(each_target, frozenset(), 64).generate(
         ids, ScriptedDrafter(expected, 3, empty_every=2), 30)
     assert generation.token_ids == expected
     assert 0 in [s.draft_tokens for s in generation.steps[1:]]
@@ -148,10 +150,10 @@ def test_empty_drafts_between_full_ones(tiny, prompt_ids):
         1 for s in generation.steps[1:] if s.draft_tokens == 0)
 
 
-def test_max_draft_tokens_caps_a_step(tiny, prompt_ids):
+def test_max_draft_tokens_caps_a_step(each_target, tiny, prompt_ids):
     ids = prompt_ids[2]
-    expected = greedy_reference(tiny.model, ids, 20)
-    generation = Decoder(tiny.backend, frozenset(), max_draft_tokens=3).generate(ids, ScriptedDrafter(expected, 10), 20)
+    expected = greedy_reference(tiny.weights.module, ids, 20)
+    generation = Decoder(each_target, frozenset(), max_draft_tokens=3).generate(ids, ScriptedDrafter(expected, 10), 20)
     assert generation.token_ids == expected
     assert max(s.draft_tokens for s in generation.steps) == 3
 
@@ -180,20 +182,20 @@ class TreeOracle(Drafter):
         return Draft(torch.tensor(tokens), torch.tensor(parents))
 
 
-def test_tree_drafts_keep_the_right_branch_and_stay_lossless(tiny, prompt_ids):
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+def test_tree_drafts_keep_the_right_branch_and_stay_lossless(each_target, tiny, prompt_ids):
+    decoder = Decoder(each_target, frozenset(), 64)
     for ids in prompt_ids:
-        expected = greedy_reference(tiny.model, ids, 33)
+        expected = greedy_reference(tiny.weights.module, ids, 33)
         generation = decoder.generate(ids, TreeOracle(expected, 4), 33)
         assert generation.token_ids == expected
         assert [s.accepted_tokens for s in generation.steps[1:]] == [5] * 6 + [2]
 
 
-def test_tree_forward_scores_each_branch_like_a_plain_chain(tiny, prompt_ids):
+def test_tree_forward_scores_each_branch_like_a_plain_chain(each_target, tiny, prompt_ids):
     """One forward pass over a two-branch tree gives the logits of each branch decoded on its own."""
     from specbench.decoding.plan import plan_verification, verification_inputs
 
-    target = tiny.backend
+    target = each_target
     ids = prompt_ids[0]
     branch_a, branch_b = [10, 11, 12], [20, 21]
     with torch.inference_mode():
@@ -203,5 +205,5 @@ def test_tree_forward_scores_each_branch_like_a_plain_chain(tiny, prompt_ids):
         plan = plan_verification(draft, ids[-1], max_depth=10, max_nodes=64)
         tree_logits = target.verify(verification_inputs(plan, target.length, plan.n_nodes), plan.n_nodes, 2).logits
         for branch, rows in ((branch_a, [0, 1, 2, 3]), (branch_b, [0, 4, 5])):
-            chain = tiny.model(input_ids=torch.tensor([ids + branch])).logits[0, len(ids) - 1:]
+            chain = tiny.weights.module(input_ids=torch.tensor([ids + branch])).logits[0, len(ids) - 1:]
             torch.testing.assert_close(tree_logits[rows], chain, rtol=1e-4, atol=1e-4)

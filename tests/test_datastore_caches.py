@@ -49,7 +49,7 @@ def corpus_file(tmp_path):
 
 def vocab_size(target) -> int:
     """The embedding rows, which every database token id must stay below."""
-    return target.model.config.get_text_config().vocab_size
+    return target.weights.module.config.get_text_config().vocab_size
 
 
 def encode(target, text: str) -> list[int]:

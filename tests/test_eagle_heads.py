@@ -12,16 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specbench.errors import SpecbenchError
-from specbench.models import eagle_heads
-from specbench.models.eagle_heads import (
-    HeadConfig,
-    build_head,
-    draft_offsets,
-    head_config_for,
-    load_eagle_head,
-    rotary_inverse_frequencies,
-    save_eagle_head,
-)
+from specbench.models import eagle_head_files
+from specbench.models.eagle_head_files import load_eagle_head, save_eagle_head
+from specbench.models.eagle_heads import HeadConfig, build_head, draft_offsets, head_config_for, rotary_inverse_frequencies
 from specbench.models.tiny import build_tiny_random
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -46,7 +39,8 @@ def make_head(target, kind, seed=0, draft_vocab_size=None, **overrides):
     """A head for ``target`` with every weight random (norms near 1, not 1: a misplaced norm must show)."""
     config = head_config_for(target, kind, draft_vocab_size=draft_vocab_size, **overrides)
     torch.manual_seed(seed)
-    head = build_head(config, target.model.get_output_embeddings(), target.model.get_input_embeddings().weight)
+    head = build_head(config, target.weights.module.get_output_embeddings(),
+                      target.weights.module.get_input_embeddings().weight)
     with torch.no_grad():
         for name, parameter in head.named_parameters():
             if name == "embed_tokens.weight":
@@ -79,7 +73,7 @@ def run(head, token_ids, hidden, start=0, from_target=True):
 
 def lm_head_weight(target):
     """The target's output matrix, also when run.linear_backend packed it for oneDNN."""
-    lm_head = target.model.get_output_embeddings()
+    lm_head = target.weights.module.get_output_embeddings()
     weight = getattr(lm_head, "weight", None)
     return (weight if weight is not None else lm_head.packed_weight.to_dense()).detach()
 
@@ -308,7 +302,7 @@ def test_save_and_load_round_trip(target, tmp_path, format):
     if format == "speculators":
         assert loaded.config.feature_layers == (1, 3, 5) and loaded.config.verifier == target.source
     if kind == "eagle3":  # the embedding the file lacks is the target's own tensor, not a second copy
-        assert loaded.embed_tokens.weight.data_ptr() == target.model.get_input_embeddings().weight.data_ptr()
+        assert loaded.embed_tokens.weight.data_ptr() == target.weights.module.get_input_embeddings().weight.data_ptr()
     token_ids, hidden = inputs(head)
     for mine, theirs in zip(run(head, token_ids, hidden), run(loaded, token_ids, hidden)):
         torch.testing.assert_close(theirs, mine, atol=0, rtol=0)
@@ -344,7 +338,7 @@ def test_ignored_extras_load(target, tmp_path):
 def test_warns_when_the_verifier_is_another_model(target, tmp_path, caplog):
     head = make_head(target, "eagle3", format="speculators", verifier="meta-llama/Llama-3.1-8B-Instruct")
     save_eagle_head(head, tmp_path, "speculators")
-    with caplog.at_level(logging.WARNING, logger=eagle_heads.__name__):
+    with caplog.at_level(logging.WARNING, logger=eagle_head_files.__name__):
         load_eagle_head(target, str(tmp_path), "eagle3")
     assert "Llama-3.1-8B-Instruct" in caplog.text
 

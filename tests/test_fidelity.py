@@ -104,10 +104,10 @@ def test_sps_follows_transformers_schedule_and_restarts_every_turn(tiny, prompt_
     copy = {"tiny-random": {"pruned": {"layers": 2, "selection": "first", "distill_tokens": 0, "corpus": "python-docs"}}}
     drafter = DraftModel(name="sps", drafts_by_family=copy, gamma=5, adaptive_gamma=True, max_gamma=None)
     drafter.prepare(tiny)
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+    decoder = Decoder(tiny.target, frozenset(), 64)
     for ids in prompt_ids[:2]:  # two turns: the schedule restarts at 5 each time
         generation = decoder.generate(ids, drafter, 60)
-        assert generation.token_ids == greedy_reference(tiny.model, ids, 60)
+        assert generation.token_ids == greedy_reference(tiny.weights.module, ids, 60)
         assert [step.draft_tokens for step in generation.steps[1:4]] == [5, 7, 9]
 
 
@@ -116,7 +116,7 @@ def test_sps_shrinks_by_one_after_a_miss_down_to_one(tiny, prompt_ids):
     shallow = {"tiny-random": {"pruned": {"layers": 1, "selection": "first", "distill_tokens": 0, "corpus": "python-docs"}}}
     drafter = DraftModel(name="sps", drafts_by_family=shallow, gamma=5, adaptive_gamma=True, max_gamma=None)
     drafter.prepare(tiny)
-    generation = Decoder(tiny.backend, frozenset(), 64).generate(prompt_ids[0], drafter, 40)
+    generation = Decoder(tiny.target, frozenset(), 64).generate(prompt_ids[0], drafter, 40)
     drafts = [step.draft_tokens for step in generation.steps[1:]]
     accepted = [step.accepted_tokens - 1 for step in generation.steps[1:]]
     assert drafts[0] == 5

@@ -76,7 +76,7 @@ def test_recyclings_first_pass_drafts_from_the_last_prompt_token_and_learns_81_r
     original = drafter.learn
     drafter.learn = lambda tokens, top: learned.append((np.asarray(tokens).copy(), top.shape)) or original(tokens, top)
     ids = prompt_ids[0]
-    generation = Decoder(tiny.backend, frozenset(), 80).generate(ids, drafter, 8)
+    generation = Decoder(tiny.target, frozenset(), 80).generate(ids, drafter, 8)
     prefill, first = generation.steps[:2]
     assert (prefill.verify_tokens, prefill.accepted_tokens) == (len(ids) - 1, 0)
     assert first.verify_tokens == 81 and first.context_len == len(ids)
@@ -111,7 +111,7 @@ def test_pld_and_sps_draft_first_from_the_prompt_as_their_originals(name, tiny):
     drafter.prepare(tiny)
     spy = ContextSpy(drafter)
     prompt = list(range(30, 50)) + [30, 31, 32]  # PLD finds "30 31 32" at the start: 33..42 follow it
-    generation = Decoder(tiny.backend, frozenset(), 80).generate(prompt, spy, 16)
+    generation = Decoder(tiny.target, frozenset(), 80).generate(prompt, spy, 16)
     assert spy.contexts[0].tolist() == prompt
     assert generation.steps[0].accepted_tokens == 0
     if name == "pld":
@@ -190,8 +190,8 @@ def test_samd_feeds_the_whole_prompt_to_its_automaton_and_its_auxiliary(tiny, pr
     with_auxiliary = instantiate(compose(["drafter=samd", "model=tiny-random", "drafter.corpus=null"]).drafter)
     with_auxiliary.prepare(tiny)
     ids = prompt_ids[0]
-    Decoder(tiny.backend, frozenset(), 80).generate(ids, with_auxiliary, 2)
-    logits = tiny.model(input_ids=__import__("torch").tensor([ids])).logits[0]
+    Decoder(tiny.target, frozenset(), 80).generate(ids, with_auxiliary, 2)
+    logits = tiny.weights.module(input_ids=__import__("torch").tensor([ids])).logits[0]
     rows = with_auxiliary.recycling.successors
     last_position = {token: position for position, token in enumerate(ids)}  # a repeated token keeps its last row
     for token, position in list(last_position.items())[:-1]:  # the last prompt token's row is relearned by step 1

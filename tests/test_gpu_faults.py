@@ -278,17 +278,17 @@ def test_an_error_inside_a_verification_pass_leaves_the_target_as_a_fresh_one(ti
     from conftest import ScriptedDrafter, greedy_reference
     from specbench.targets.transformers import TransformersTarget
 
-    target = tiny.backend
+    target = tiny.target
     ids = prompt_ids[0]
-    reference = greedy_reference(tiny.model, ids, 12)
+    reference = greedy_reference(tiny.weights.module, ids, 12)
     drafter = ScriptedDrafter(reference, 3)
-    handle = _raise_in_passes_of_more_than_one_token(tiny.model, torch.OutOfMemoryError(OOM_MESSAGE))
+    handle = _raise_in_passes_of_more_than_one_token(tiny.weights.module, torch.OutOfMemoryError(OOM_MESSAGE))
     try:
         with pytest.raises(torch.OutOfMemoryError):
             Decoder(target, frozenset(), 8).generate(ids, drafter, 12)
     finally:
         handle.remove()
-    fresh = TransformersTarget(tiny.model)
+    fresh = TransformersTarget(tiny.weights.module)
     assert _fresh_state(target) == _fresh_state(fresh) == {"cache": None, "mask": None, "hidden": None, "length": 0}
     # and it decodes as a fresh one would
     assert Decoder(target, frozenset(), 8).generate(ids, drafter, 12).token_ids == reference
@@ -300,12 +300,12 @@ def test_a_failed_pass_puts_the_mask_block_back_for_a_caller_that_keeps_the_sequ
     leave every column visible, or a later pass over this cache would not see those cached positions."""
     from specbench.targets.transformers import TransformersTarget
 
-    target = TransformersTarget(tiny.model)
+    target = TransformersTarget(tiny.weights.module)
     ids = np.asarray(prompt_ids[1], dtype=np.int64)
     target.start(ids.size + 16)
     target.prefill(ids, False, 2)
     plan = plan_verification(Draft.chain([5, 6, 7]), int(ids[-1]), 8, 8)
-    handle = _raise_in_passes_of_more_than_one_token(tiny.model, RuntimeError("inside the pass"))
+    handle = _raise_in_passes_of_more_than_one_token(tiny.weights.module, RuntimeError("inside the pass"))
     try:
         with pytest.raises(RuntimeError, match="inside the pass"):
             target.verify(verification_inputs(plan, target.length, plan.n_nodes), plan.n_nodes, 2)
@@ -401,7 +401,7 @@ def test_a_pass_whose_logits_come_back_elsewhere_is_refused(tiny, prompt_ids):
     from specbench.errors import SpecbenchError
     from specbench.targets.transformers import TransformersTarget
 
-    target = TransformersTarget(tiny.model)
+    target = TransformersTarget(tiny.weights.module)
     target.device = torch.device("meta")  # what it was told at set-up; the pass says cpu
     target.start(64)
     with pytest.raises(SpecbenchError, match="logits came back on cpu, but it was set up for meta"):
@@ -463,7 +463,7 @@ def test_a_pass_whose_logits_are_not_finite_stops_in_one_line(tiny, prompt_ids):
     from specbench.drafters.ar import NoDraft
     from specbench.targets.transformers import NonFiniteLogits, TransformersTarget
 
-    target = TransformersTarget(tiny.model)
+    target = TransformersTarget(tiny.weights.module)
     calls = []
 
     def overflow(module, args, output):
@@ -472,7 +472,7 @@ def test_a_pass_whose_logits_are_not_finite_stops_in_one_line(tiny, prompt_ids):
             return torch.full_like(output, float("nan"))
         return output
 
-    handle = tiny.model.lm_head.register_forward_hook(overflow)
+    handle = tiny.weights.module.lm_head.register_forward_hook(overflow)
     try:
         with pytest.raises(NonFiniteLogits) as raised:
             Decoder(target, frozenset(), 8).generate(prompt_ids[0], NoDraft(), 8)
@@ -493,7 +493,7 @@ def test_a_sampled_draft_model_answer_does_not_depend_on_what_was_decoded_before
     drafter = DraftModel(drafts_by_family={"tiny-random": {"pruned": {"layers": 1, "selection": "first",
                                                                       "distill_tokens": 0}}}, gamma=3)
     drafter.prepare(tiny, sampling)
-    decoder = Decoder(tiny.backend, frozenset(), 8, sampling=sampling)
+    decoder = Decoder(tiny.target, frozenset(), 8, sampling=sampling)
     alone = decoder.generate(prompt_ids[1], drafter, 24, seed=11)
     decoder.generate(prompt_ids[0], drafter, 24, seed=5)  # another question before it
     after_another = decoder.generate(prompt_ids[1], drafter, 24, seed=11)

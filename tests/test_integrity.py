@@ -173,7 +173,7 @@ def test_a_converted_copy_damaged_in_place_is_converted_again(tmp_path, monkeypa
         return gguf.load_gguf("tiny-gguf", str(source), device="cpu", prompt_format="plain", cache_dir=str(tmp_path))
 
     first = load()
-    weights = {name: tensor.clone() for name, tensor in first.model.state_dict().items()}
+    weights = {name: tensor.clone() for name, tensor in first.weights.module.state_dict().items()}
     [copy] = conversions
     keeping_size_and_mtime(copy / "model.safetensors", flip_middle_bytes)
     with caplog.at_level(logging.WARNING):
@@ -181,7 +181,7 @@ def test_a_converted_copy_damaged_in_place_is_converted_again(tmp_path, monkeypa
     assert conversions == [copy, copy]
     [warning] = warnings_of(caplog)
     assert "is damaged (model.safetensors is not the file that was written" in warning and "again" in warning
-    assert all(torch.equal(tensor, weights[name]) for name, tensor in second.model.state_dict().items())
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in second.weights.module.state_dict().items())
     assert gguf_conversion.converted_copy_problem(copy) is None
 
 

@@ -101,7 +101,7 @@ def timed(monkeypatch, tiny):
         return blocking_read(self, tensor)
 
     monkeypatch.setattr(TransformersTarget, "_download", download)
-    return timeline, TransformersTarget(DeviceModel(tiny.model, timeline))
+    return timeline, TransformersTarget(DeviceModel(tiny.weights.module, timeline))
 
 
 class Observed:
@@ -116,7 +116,7 @@ class Observed:
 def test_every_operation_lands_in_its_phase(timed, tiny, prompt_ids, temperature):
     timeline, model = timed
     ids = prompt_ids[0]
-    reference = greedy_reference(tiny.model, ids, 12)
+    reference = greedy_reference(tiny.weights.module, ids, 12)
     drafter = TimedDrafter(timeline, reference, length=3, mode="right")
     cost = Observed()
     decoder = Decoder(model, frozenset(), max_draft_tokens=8, verify_cost=cost,
@@ -142,7 +142,7 @@ def test_an_unfenced_clock_misplaces_device_work(timed, tiny, prompt_ids):
     """The check above can fail: read the clock without synchronising and device work goes missing."""
     timeline, model = timed
     ids = prompt_ids[0]
-    drafter = TimedDrafter(timeline, greedy_reference(tiny.model, ids, 8), length=3)
+    drafter = TimedDrafter(timeline, greedy_reference(tiny.weights.module, ids, 8), length=3)
     decoder = Decoder(model, frozenset(), max_draft_tokens=8, clock=FencedClock(lambda: None, timeline.now))
     steps = decoder.generate(ids, drafter, 8).steps[1:]
     assert all(step.verify_s != FORWARD for step in steps)
@@ -174,9 +174,9 @@ class Recorder(ScriptedDrafter):
 @pytest.mark.parametrize("top_k", [0, 3])
 def test_outcomes_carry_the_targets_top_k_in_draft_numbering(tiny, prompt_ids, top_k):
     ids = prompt_ids[0]
-    reference = greedy_reference(tiny.model, ids, 10)
+    reference = greedy_reference(tiny.weights.module, ids, 10)
     drafter = Recorder(reference, length=6, mode="wrong")
-    decoder = Decoder(tiny.backend, frozenset(), max_draft_tokens=2, target_top_k=top_k)
+    decoder = Decoder(tiny.target, frozenset(), max_draft_tokens=2, target_top_k=top_k)
     decoder.generate(ids, drafter, 10)
     prefill, first, *_ = drafter.outcomes
     assert (prefill.step, first.step) == (0, 1)
@@ -194,8 +194,8 @@ def test_outcomes_carry_the_targets_top_k_in_draft_numbering(tiny, prompt_ids, t
 
 def test_generation_keeps_the_deciding_top_tokens(tiny, prompt_ids):
     ids = prompt_ids[1]
-    reference = greedy_reference(tiny.model, ids, 12)
-    generation = Decoder(tiny.backend, frozenset(), 8).generate(ids, ScriptedDrafter(reference, 4), 12)
+    reference = greedy_reference(tiny.weights.module, ids, 12)
+    generation = Decoder(tiny.target, frozenset(), 8).generate(ids, ScriptedDrafter(reference, 4), 12)
     assert generation.top_ids.shape == (12, 8)
     assert generation.top_ids[:, 0].tolist() == generation.token_ids == reference
     assert (generation.top_logits[:, 0] >= generation.top_logits[:, 1]).all()
@@ -270,9 +270,9 @@ ROUND_TRIPS = {
 def test_round_trips_per_step_are_pinned(monkeypatch, tiny, prompt_ids, shape, temperature):
     counter = RoundTrips(monkeypatch)
     ids = prompt_ids[0]
-    reference = greedy_reference(tiny.model, ids, 20)
+    reference = greedy_reference(tiny.weights.module, ids, 20)
     drafter = (TreeScript if shape == "tree" else ScriptedDrafter)(reference, length=3, mode="right")
-    decoder = Decoder(tiny.backend, frozenset(), 16, sampling=Sampling(temperature=temperature),
+    decoder = Decoder(tiny.target, frozenset(), 16, sampling=Sampling(temperature=temperature),
                       clock=FencedClock(counter.synchronize))
     with count_scalar_reads(counter):
         generation = decoder.generate(ids, drafter, 20, on_step=counter.on_step)
@@ -299,9 +299,9 @@ _CONTINUATIONS: dict = {}
 def continuation(tiny, ids, count: int) -> list[int]:
     """The first ``count`` tokens of greedy decoding after ``ids`` (transformers' generate, once per prompt for
     the session: greedy's first k tokens are the same whatever the length asked)."""
-    key = (id(tiny.model), tuple(ids))
+    key = (id(tiny.weights.module), tuple(ids))
     if key not in _CONTINUATIONS:
-        _CONTINUATIONS[key] = greedy_reference(tiny.model, ids, 28)
+        _CONTINUATIONS[key] = greedy_reference(tiny.weights.module, ids, 28)
     assert count <= 28
     return _CONTINUATIONS[key][:count]
 
@@ -363,7 +363,7 @@ def test_a_tree_step_records_the_trees_depth_not_its_node_count(tiny, prompt_ids
     ids, max_new_tokens = prompt_ids[0], 11  # 11: the last steps are cut by the budget, down to no draft at all
     reference = continuation(tiny, ids, max_new_tokens + 3)
     drafter = KnownTree(reference, window, first_draft_from_prompt)
-    generation = Decoder(tiny.backend, frozenset(), max_draft_tokens=64).generate(ids, drafter, max_new_tokens)
+    generation = Decoder(tiny.target, frozenset(), max_draft_tokens=64).generate(ids, drafter, max_new_tokens)
     assert generation.token_ids == reference[:max_new_tokens]
     prefill = generation.steps[0]
     assert (prefill.draft_depth, prefill.draft_tokens, prefill.candidate_tokens) == (0, 0, 0)
@@ -388,7 +388,7 @@ def test_a_chain_step_records_the_chains_length(tiny, prompt_ids, mode, length, 
     reference = continuation(tiny, ids, max_new_tokens + length)
     drafter = ScriptedDrafter(reference, length, mode=mode, empty_every=empty_every)
     shapes = VerifyShapes([0, 1, 4, 4])  # 2 and 3 tokens are verified as 4: padding, which is no draft token
-    generation = Decoder(tiny.backend, frozenset(), max_draft_tokens, verify_shapes=shapes).generate(
+    generation = Decoder(tiny.target, frozenset(), max_draft_tokens, verify_shapes=shapes).generate(
         ids, drafter, max_new_tokens)
     assert generation.token_ids == reference[:max_new_tokens]
     generated, expected, verified = 1, [], []

@@ -308,7 +308,7 @@ def run_shape(tiny, prompt_ids, shape):
                        "rejected": lambda: ScriptedDrafter(reference, 3, mode="wrong"),
                        "long and empty": lambda: ScriptedDrafter(reference, 10, empty_every=2),
                        "tree": lambda: KnownTree(reference, window=True, first_draft_from_prompt=True)}[kind]()
-        generation = Decoder(tiny.backend, frozenset(), max_draft_tokens=8).generate(ids, drafter, max_new_tokens)
+        generation = Decoder(tiny.target, frozenset(), max_draft_tokens=8).generate(ids, drafter, max_new_tokens)
         answer.texts.append("x")
         answer.token_ids.append(generation.token_ids)
         answer.steps.append(generation.steps)

@@ -109,7 +109,7 @@ def test_bfloat16_divergences_are_near_ties_not_violations(tmp_path, model):
 
         target = instantiate(cfg.model)
         ids = target.encode_conversation(["List ten fruits, one per line."], [])
-        generation = Decoder(target.backend, target.eos_token_ids, 8).generate(ids, NoDraft(), 48)
+        generation = Decoder(target.target, target.eos_token_ids, 8).generate(ids, NoDraft(), 48)
         found = forced_near_tie(generation.token_ids, (generation.top_ids, generation.top_logits), 0.5)
         assert found.kind == "near_tie"
 

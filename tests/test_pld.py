@@ -117,7 +117,7 @@ def test_bad_settings_are_rejected_with_the_key_name(kwargs):
 def test_pld_drafts_and_gets_tokens_accepted_on_repetitive_output(tiny, prompt_ids):
     from specbench.decoding.loop import Decoder
 
-    decoder = Decoder(tiny.backend, frozenset(), max_draft_tokens=64)
+    decoder = Decoder(tiny.target, frozenset(), max_draft_tokens=64)
     steps = [s for ids in prompt_ids for s in decoder.generate(ids, PromptLookup(), 64).steps]
     assert any(s.draft_tokens > 0 for s in steps)
     assert any(s.accepted_tokens > 1 for s in steps)

@@ -60,7 +60,7 @@ def package_copy(tmp_path, monkeypatch, tiny):
     monkeypatch.setattr(answers_module, "SHIPPED_ANSWERS_DIR", folder)
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     manifest = json.loads((folder / "answers-smollm2-135m.json").read_text())
-    model = types.SimpleNamespace(name="smollm2-135m", source=manifest["model"]["source"], model=tiny.model)
+    model = types.SimpleNamespace(name="smollm2-135m", source=manifest["model"]["source"], weights=tiny.weights)
     return folder, model, manifest
 
 

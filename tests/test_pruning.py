@@ -10,7 +10,8 @@ from specbench.decoding.loop import Decoder
 from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
 from specbench.artefacts.pruned_draft import build_pruned_draft
-from specbench.training.pruning import distill, prune, select_layers, token_blocks
+from specbench.targets.transformers import prune
+from specbench.training.pruning import distill, select_layers, token_blocks
 
 
 def test_layer_selection():
@@ -28,10 +29,11 @@ def test_layer_selection():
 
 
 def test_keeping_every_layer_reproduces_the_model(tiny):
-    copy = prune(tiny.model, [0, 1])
+    copy = prune(tiny.weights.module, [0, 1])
     ids = torch.tensor([tiny.encode_conversation(["hello"], [])])
     with torch.no_grad():
-        torch.testing.assert_close(copy(input_ids=ids).logits, tiny.model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(copy(input_ids=ids).logits, tiny.weights.module(input_ids=ids).logits, rtol=1e-4,
+                                   atol=1e-4)
 
 
 def test_pruned_checkpoint_round_trip(tiny, tmp_path):
@@ -39,7 +41,7 @@ def test_pruned_checkpoint_round_trip(tiny, tmp_path):
     assert manifest["kept_layers"] == [1] and manifest["distill"]["tokens"] == 0
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "draft")
     assert loaded.config.num_hidden_layers == 1
-    reference = prune(tiny.model, [1])
+    reference = prune(tiny.weights.module, [1])
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, reference(input_ids=ids).logits)
@@ -47,10 +49,10 @@ def test_pruned_checkpoint_round_trip(tiny, tmp_path):
 
 
 def test_distillation_brings_the_draft_closer_to_the_target(tiny):
-    draft = prune(tiny.model, [0])
+    draft = prune(tiny.weights.module, [0])
     rng = np.random.default_rng(0)
     documents = [rng.integers(0, 256, 400).tolist() for _ in range(8)]
-    losses = distill(draft, tiny.model, token_blocks(documents, 32, 4, 0), tokens=32 * 4 * 30, lr=3e-3, device="cpu")
+    losses = distill(draft, tiny.weights, token_blocks(documents, 32, 4, 0), tokens=32 * 4 * 30, lr=3e-3, device="cpu")
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
 
 
@@ -60,10 +62,10 @@ def test_an_identical_draft_model_has_every_token_accepted(tiny, prompt_ids, cap
     with caplog.at_level("WARNING"):
         drafter.prepare(tiny)
     assert "is not smaller than target tiny-random" in caplog.text
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+    decoder = Decoder(tiny.target, frozenset(), 64)
     for ids in prompt_ids:
         generation = decoder.generate(ids, drafter, 31)
-        assert generation.token_ids == greedy_reference(tiny.model, ids, 31)
+        assert generation.token_ids == greedy_reference(tiny.weights.module, ids, 31)
         # The first draft comes from the prompt (transformers' assisted decoding), so the prefill settles nothing:
         # six full drafts of 4 + the bonus, then the 31st token alone.
         assert [s.accepted_tokens for s in generation.steps] == [0] + [5] * 6 + [1]
@@ -98,9 +100,9 @@ def test_a_rejected_draft_is_rolled_back_exactly(tiny, prompt_ids):
         return draft
 
     drafter.propose = recording_propose
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+    decoder = Decoder(tiny.target, frozenset(), 64)
     generation = decoder.generate(prompt_ids[0], drafter, 40)
-    assert generation.token_ids == greedy_reference(tiny.model, prompt_ids[0], 40)
+    assert generation.token_ids == greedy_reference(tiny.weights.module, prompt_ids[0], 40)
     accepted = [step.accepted_tokens for step in generation.steps[1:]]
     assert min(accepted) < 5  # rejections happened, so rollbacks too
     assert any(1 < count < 5 for count in accepted)  # a partial accept keeps some drafted entries
@@ -117,7 +119,8 @@ def test_target_answers_are_generated_once_and_cached(tiny, tmp_path, monkeypatc
     assert len(pairs) == 2
     for (prompt_ids, answer_ids), text in zip(pairs, ["Name three colours.", "Count to five."]):
         assert prompt_ids == tiny.encode_conversation([text], [])
-        assert answer_ids == greedy_reference(tiny.model, prompt_ids, 12, tiny.eos_token_ids)[: len(answer_ids)]
+        assert answer_ids == greedy_reference(tiny.weights.module, prompt_ids, 12,
+                                              tiny.eos_token_ids)[: len(answer_ids)]
         assert 0 < len(answer_ids) <= 12
 
     def no_generation(*args, **kwargs):
@@ -147,8 +150,8 @@ def test_distilling_in_row_slices_equals_whole_batches(tiny, monkeypatch):
 
     def train():
         torch.manual_seed(0)
-        student = prune(tiny.model, [0])
-        losses = distill(student, tiny.model, token_blocks(documents, 16, 4, 0), tokens=16 * 4 * 3, lr=3e-3,
+        student = prune(tiny.weights.module, [0])
+        losses = distill(student, tiny.weights, token_blocks(documents, 16, 4, 0), tokens=16 * 4 * 3, lr=3e-3,
                          device="cpu")
         return losses, student.state_dict()
 

@@ -143,10 +143,10 @@ def test_the_loop_hands_the_drafter_the_targets_top_k_of_every_prompt_position(t
             original(tokens, top)
 
         drafter.learn = spy
-        Decoder(tiny.backend, frozenset(), 80).generate(ids, drafter, 3)
+        Decoder(tiny.target, frozenset(), 80).generate(ids, drafter, 3)
         tokens, top = seen[0]
         assert tokens.tolist() == ids[-rows:] and top.shape == (rows, 8)
-        logits = tiny.model(input_ids=torch.tensor([ids])).logits[0]
+        logits = tiny.weights.module(input_ids=torch.tensor([ids])).logits[0]
         assert top[:, 0].tolist() == logits.argmax(-1)[-rows:].tolist()
 
 

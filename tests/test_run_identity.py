@@ -16,7 +16,7 @@ from analysis.tables import leaderboard
 from specbench.config import compose
 from specbench.distributed import Processes
 from specbench.errors import SpecbenchError
-from specbench.models.kernels import OneDNNLinear
+from specbench.targets.kernels import OneDNNLinear
 from specbench.run.identity import PLACEMENT_KEYS, UNRECORDED, implied_placement
 from specbench.storage.run_lock import LOCK_NAME
 

@@ -98,7 +98,7 @@ def test_other_weights_under_the_same_settings_are_refused(tmp_path, monkeypatch
     def retrained(*args, **kwargs):
         loaded = original(*args, **kwargs)
         with torch.no_grad():
-            next(loaded.model.parameters()).add_(0.01)
+            next(loaded.weights.module.parameters()).add_(0.01)
         return loaded
 
     monkeypatch.setattr(tiny_module, "build_tiny_random", retrained)

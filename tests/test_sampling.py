@@ -79,8 +79,8 @@ def sample_sequences(decoder, drafter, prompt_ids):
 def deviations(small, drafter):
     prompt_ids = small.encode_conversation([PROMPT], [])
     eos = small.tokenizer.eos_token_id
-    exact_marginal, exact_joint = distributions(exact_distribution(small.model, prompt_ids, eos, LENGTH))
-    decoder = Decoder(small.backend, small.eos_token_ids, 64, sampling=SAMPLING)
+    exact_marginal, exact_joint = distributions(exact_distribution(small.weights.module, prompt_ids, eos, LENGTH))
+    decoder = Decoder(small.target, small.eos_token_ids, 64, sampling=SAMPLING)
     empirical, drafted = sample_sequences(decoder, drafter, prompt_ids)
     marginal, joint = distributions(empirical)
     return [total_variation(m, e) for m, e in zip(marginal, exact_marginal)], total_variation(joint, exact_joint), drafted

@@ -30,7 +30,7 @@ def test_the_cache_goes_under_the_keyword_the_model_takes(tiny):
     from packaging.version import Version
 
     installed = "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
-    assert cache_keyword(tiny.model) == installed
+    assert cache_keyword(tiny.weights.module) == installed
 
 
 def full_mask(start: int, visible: np.ndarray) -> torch.Tensor:
@@ -41,7 +41,7 @@ def full_mask(start: int, visible: np.ndarray) -> torch.Tensor:
 
 
 def test_the_mask_on_the_device_equals_a_freshly_built_one_step_after_step(tiny):
-    target = TransformersTarget(tiny.model)
+    target = TransformersTarget(tiny.weights.module)
     rng = np.random.default_rng(0)
     for start, size in [(5, 3), (9, 6), (7, 2), (40, 12), (12, 12), (3, 1)]:
         visible = rng.random((size, size)) < 0.5
@@ -52,7 +52,7 @@ def test_the_mask_on_the_device_equals_a_freshly_built_one_step_after_step(tiny)
 
 
 def test_choices_are_one_block_with_the_first_best_index_on_ties(tiny):
-    target = TransformersTarget(tiny.model)
+    target = TransformersTarget(tiny.weights.module)
     reads = []
     download = target._download
     target._download = lambda tensor: reads.append(tensor.shape) or download(tensor)
@@ -75,14 +75,14 @@ class FeatureReader(ScriptedDrafter):
         self.features.append(outcome.hidden_states)
 
 
-def test_a_drafter_gets_the_hidden_states_of_the_tokens_each_step_settled(tiny, prompt_ids):
+def test_a_drafter_gets_the_hidden_states_of_the_tokens_each_step_settled(each_target, tiny, prompt_ids):
     ids = prompt_ids[2]
-    reference = greedy_reference(tiny.model, ids, 12)
+    reference = greedy_reference(tiny.weights.module, ids, 12)
     drafter = FeatureReader(reference, length=3, mode="right")
-    generation = Decoder(tiny.backend, frozenset(), 8).generate(ids, drafter, 12)
+    generation = Decoder(each_target, frozenset(), 8).generate(ids, drafter, 12)
     assert generation.token_ids == reference
     with torch.inference_mode():
-        states = tiny.model(input_ids=torch.tensor([ids + reference]), output_hidden_states=True).hidden_states
+        states = tiny.weights.module(input_ids=torch.tensor([ids + reference]), output_hidden_states=True).hidden_states
     expected = torch.stack([states[0][0], states[2][0]])  # [layers, positions, hidden]
     prefill, *steps = drafter.features
     torch.testing.assert_close(prefill, expected[:, : len(ids)], rtol=1e-4, atol=1e-4)
@@ -94,18 +94,18 @@ def test_a_drafter_gets_the_hidden_states_of_the_tokens_each_step_settled(tiny, 
         position += step.accepted_tokens
 
 
-def test_hidden_states_are_computed_only_when_asked(tiny, prompt_ids):
-    target = tiny.backend
+def test_hidden_states_are_computed_only_when_asked(each_target, prompt_ids):
+    target = each_target
     Decoder(target, frozenset(), 8).generate(prompt_ids[0], ScriptedDrafter([], 0), 3)
     assert target.hidden_states() is None
     with pytest.raises(Exception, match="layers 0..2"):
         target.request_hidden_states((3,))
 
 
-def test_a_tree_pass_through_the_target_keeps_the_accepted_branch(tiny, prompt_ids):
+def test_a_tree_pass_through_the_target_keeps_the_accepted_branch(each_target, tiny, prompt_ids):
     ids = prompt_ids[0]
-    expected = greedy_reference(tiny.model, ids, 4)
-    target = TransformersTarget(tiny.model)
+    expected = greedy_reference(tiny.weights.module, ids, 4)
+    target = each_target
     with torch.inference_mode():
         target.start(64)
         target.prefill(np.array(ids), False, 2)
@@ -119,4 +119,4 @@ def test_a_tree_pass_through_the_target_keeps_the_accepted_branch(tiny, prompt_i
         assert target.length == start + 3
         after = target.verify(verification_inputs(plan_verification(Draft.empty(), expected[3], 1, 1),
                                                   target.length, 1), 1, 2)
-    assert int(after.argmax[0]) == greedy_reference(tiny.model, ids, 5)[4]
+    assert int(after.argmax[0]) == greedy_reference(tiny.weights.module, ids, 5)[4]

@@ -17,7 +17,7 @@ from specbench.config import check_config, compose
 from specbench.decoding.loop import Decoder
 from specbench.drafters.ar import NoDraft
 from specbench.errors import SpecbenchError
-from specbench.models.loaded import parameter_count
+from specbench.targets.transformers import parameter_count
 from specbench.models.tiny import tiny_parameter_count
 from specbench.models.prompt_format import ChatTemplate
 
@@ -310,7 +310,7 @@ def test_a_run_stops_at_every_eos_id_the_checkpoint_names(layout, stopping, free
     # PyTorch's linear kernels, as the free run had
     loaded = load_pretrained("eos-test", path=str(tmp_path), device="cpu", prompt_format="plain", linear_backend="aten")
     assert loaded.eos_token_ids == frozenset(ids.values())
-    generation = Decoder(loaded.backend, loaded.eos_token_ids, 8).generate(PROMPT, NoDraft(), len(continuation))
+    generation = Decoder(loaded.target, loaded.eos_token_ids, 8).generate(PROMPT, NoDraft(), len(continuation))
     assert generation.finish_reason == "eos"
     assert generation.token_ids == continuation[: position + 1]
 
@@ -323,7 +323,7 @@ def test_a_run_stops_at_every_eos_id_the_checkpoint_names(layout, stopping, free
 def test_tiny_random_builds_each_architecture_with_the_parameters_it_counts(architecture, model_class):
     tiny = instantiate(compose(["model=tiny-random", f"model.architecture={architecture}", "model.num_layers=1"]).model,
                        device="cpu", linear_backend="aten")
-    assert type(tiny.model).__name__ == model_class
+    assert type(tiny.weights.module).__name__ == model_class
     assert tiny.source == "random:seed=0:shape=64x128x1x4x2:init=0.02" + (
         "" if architecture == "llama" else f":architecture={architecture}")
-    assert parameter_count(tiny.model) == tiny_parameter_count(258, 64, 128, 1, 4, 2, architecture)
+    assert parameter_count(tiny.weights.module) == tiny_parameter_count(258, 64, 128, 1, 4, 2, architecture)

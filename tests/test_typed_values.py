@@ -145,7 +145,7 @@ def test_the_parameter_count_is_the_built_models(shape):
     vocab = 258 if "alphabet" not in shape else len(shape["alphabet"]) + 2
     arguments = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
                  **{key: value for key, value in shape.items() if key != "alphabet"}}
-    assert sum(p.numel() for p in loaded.model.parameters()) == tiny_parameter_count(vocab, **arguments)
+    assert sum(p.numel() for p in loaded.weights.module.parameters()) == tiny_parameter_count(vocab, **arguments)
 
 
 def test_the_builder_itself_refuses_before_building():

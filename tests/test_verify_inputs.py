@@ -73,14 +73,14 @@ class OneTree(Drafter):
         pass
 
 
-def test_a_tree_is_verified_at_its_depths_each_node_seeing_its_ancestors_only(tiny, prompt_ids):
+def test_a_tree_is_verified_at_its_depths_each_node_seeing_its_ancestors_only(each_target, tiny, prompt_ids):
     ids = prompt_ids[0]
-    g1, g2, g3, g4, g5 = greedy_reference(tiny.model, ids, 5)
-    other = (g2 + 1) % tiny.backend.vocab_size  # a wrong first token: the rejected sibling
+    g1, g2, g3, g4, g5 = greedy_reference(tiny.weights.module, ids, 5)
+    other = (g2 + 1) % each_target.vocab_size  # a wrong first token: the rejected sibling
     # The root's two children, the wrong one first, and a grandchild under the right one:
     #   root (g1) -+- other          nodes: 0 = root, 1 = other, 2 = g2, 3 = g3 (parent node 2)
     #              +- g2 -- g3
-    target = RecordingTarget(tiny.backend)
+    target = RecordingTarget(each_target)
     generation = Decoder(target, frozenset(), 80).generate(ids, OneTree([other, g2, g3], [-1, -1, 1]), 5)
     assert generation.token_ids == [g1, g2, g3, g4, g5]
     prompt = len(ids)  # the prefill cached the prompt; the root, g1, is written at position len(prompt)

@@ -171,10 +171,10 @@ def test_lookahead_fills_its_pool_from_the_window_only():
 def test_lookahead_accepts_at_most_n_minus_1_tokens_a_step_as_lade_does(tiny, prompt_ids, accept_full_guess, longest):
     # a pool that holds the true continuation: the only cap on a step is the guess length (and lade's loop)
     ids = prompt_ids[0]
-    expected = greedy_reference(tiny.model, ids, 40)
+    expected = greedy_reference(tiny.weights.module, ids, 40)
     drafter = Lookahead(ngram_size=5, window_size=3, guess_set_size=7, accept_full_guess=accept_full_guess)
     context = ids + expected
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+    decoder = Decoder(tiny.target, frozenset(), 64)
     original_begin = drafter.begin
 
     def begin(prompt):
@@ -279,10 +279,10 @@ def test_hd_rejects_unknown_databases():
 
 
 def test_rest_accepts_long_runs_when_the_datastore_holds_the_output(tiny, prompt_ids):
-    answers = [greedy_reference(tiny.model, ids, 64) for ids in prompt_ids]
+    answers = [greedy_reference(tiny.weights.module, ids, 64) for ids in prompt_ids]
     drafter = RetrievalDrafter(max_suffix_length=8, min_suffix_length=2)
     drafter.datastore = TokenDatastore.build(answers, {})
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+    decoder = Decoder(tiny.target, frozenset(), 64)
     for ids, expected in zip(prompt_ids, answers):
         generation = decoder.generate(ids, drafter, 64)
         assert generation.token_ids == expected
@@ -291,10 +291,10 @@ def test_rest_accepts_long_runs_when_the_datastore_holds_the_output(tiny, prompt
 
 def test_hd_inside_the_lookahead_window_stays_lossless_and_drafts_while_the_window_fills(tiny, prompt_ids):
     drafter = HierarchyDrafting(order=["context"], lookahead_branch=True, window_size=4, draft_length=3)
-    decoder = Decoder(tiny.backend, frozenset(), 64)
+    decoder = Decoder(tiny.target, frozenset(), 64)
     for ids in prompt_ids:
         generation = decoder.generate(ids, drafter, 48)
-        assert generation.token_ids == greedy_reference(tiny.model, ids, 48)
+        assert generation.token_ids == greedy_reference(tiny.weights.module, ids, 48)
         assert {step.source for step in generation.steps} <= {"", "context"}
         # the window (level 0 of 4 + 3 - 2 = 5 guesses, then levels of 4 and 5) rides on every step
         assert generation.steps[1].draft_tokens >= 5 and generation.steps[2].draft_tokens >= 9

@@ -198,10 +198,10 @@ REFERENCE_WEIGHTS = 30 * (4 * 576 * 576 + 3 * 576 * 1536) + 49152 * 576
 
 def relative_size(target) -> float:
     """How many times SmolLM2-135M's per-token work ``target`` does (see REFERENCE_WEIGHTS), for estimates."""
-    config = target.model.config.get_text_config()
-    width, layers = int(config.hidden_size), int(config.num_hidden_layers)
-    mlp = int(getattr(config, "intermediate_size", None) or 4 * width)
-    return (layers * (4 * width * width + 3 * width * mlp) + int(config.vocab_size) * width) / REFERENCE_WEIGHTS
+    config = target.weights.architecture
+    width, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    mlp = int(config.get("intermediate_size") or 4 * width)
+    return (layers * (4 * width * width + 3 * width * mlp) + int(config["vocab_size"]) * width) / REFERENCE_WEIGHTS
 
 
 class Artefact(ABC):

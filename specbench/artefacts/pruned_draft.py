@@ -20,7 +20,7 @@ from specbench.errors import SpecbenchError
 from specbench.storage.cache import cache_root, cached_path
 from specbench.storage.manifest import MANIFEST, read_manifest, verify_files
 from specbench.storage.publish import replace_directory
-from specbench.training.pruning import TARGET_ANSWERS, check_pruned_settings, distill, prune, select_layers, token_blocks
+from specbench.training.pruning import TARGET_ANSWERS, check_pruned_settings, distill, select_layers, token_blocks
 
 log = logging.getLogger(__name__)
 # Measured on 2 cores: distilling a pruned SmolLM2-135M on 100k tokens takes 7.5 to 9.5 minutes whatever the depth
@@ -130,7 +130,7 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
     kept = select_layers(total, layers, selection)
     check_distillation_corpus(corpus, distill_tokens)
     torch.manual_seed(seed)
-    draft = prune(target.model, kept).to(target.device)
+    draft = target.weights.pruned_copy(kept).to(target.device)
     losses = []
     if distill_tokens > 0:
         if corpus == TARGET_ANSWERS:
@@ -139,7 +139,7 @@ def build_pruned_draft(target, directory: Path, layers, selection: str, distill_
             texts = iter_documents(resolve_corpus(corpus, cache_root(None)))
             documents = [target.tokenizer.encode(text, add_special_tokens=False)
                          for text in tqdm(texts, desc="tokenizing", unit="doc")]
-        losses = distill(draft, target.model, token_blocks(documents, block_size, batch_size, seed), distill_tokens,
+        losses = distill(draft, target.weights, token_blocks(documents, block_size, batch_size, seed), distill_tokens,
                          lr, target.device)
     manifest = {
         "target": {"name": target.name, "source": target.source, "layers": total},

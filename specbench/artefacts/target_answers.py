@@ -61,7 +61,6 @@ def generate_answers(target, prompts: list[str], max_new_tokens: int, batch_size
                      done: int = 0) -> list[list[int]]:
     """The target's greedy answers (token ids, up to its EOS) to ``prompts[done:]``, in batches; ``on_batch``
     (if given) receives each batch's answers as soon as they exist, so a long build can be resumed."""
-    model = target.model
     pad = min(target.eos_token_ids)
     answers = []
     batches = range(done, len(prompts), batch_size)
@@ -73,11 +72,9 @@ def generate_answers(target, prompts: list[str], max_new_tokens: int, batch_size
         for row, ids in enumerate(encoded):  # left padding, so every answer starts at the same column
             input_ids[row, width - len(ids):] = torch.tensor(ids)
             attention[row, width - len(ids):] = 1
-        output = model.generate(input_ids.to(target.backend.input_device), attention_mask=attention.to(target.backend.input_device),
-                                do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                eos_token_id=sorted(target.eos_token_ids))
+        continuations = target.weights.generate(input_ids, attention, max_new_tokens, target.eos_token_ids, pad)
         batch = []
-        for row in output[:, width:].tolist():
+        for row in continuations.tolist():
             cut = next((i for i, token in enumerate(row) if token in target.eos_token_ids), len(row))
             batch.append(row[:cut])
         answers += batch
@@ -484,17 +481,15 @@ def _sample_batch(target, prompts: list[str], temperature: float, max_new_tokens
     for row, ids in enumerate(encoded):
         input_ids[row, width - len(ids):] = torch.tensor(ids)
         attention[row, width - len(ids):] = 1
-    device = target.backend.input_device
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)  # generate() samples from the global generator
     try:
-        output = target.model.generate(input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
-                                       temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                                       pad_token_id=pad, eos_token_id=sorted(target.eos_token_ids))
+        continuations = target.weights.generate(input_ids, attention, max_new_tokens, target.eos_token_ids, pad,
+                                                temperature=temperature)
     finally:
         torch.random.set_rng_state(state)
     answers = []
-    for ids, row in zip(encoded, output[:, width:].tolist()):
+    for ids, row in zip(encoded, continuations.tolist()):
         cut = next((i for i, token in enumerate(row) if token in target.eos_token_ids), len(row))
         answers.append((ids, row[:cut]))
     return answers

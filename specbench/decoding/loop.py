@@ -198,7 +198,7 @@ class Decoder:
         clock: FencedClock | None = None,
     ):
         if not isinstance(target, Target):
-            raise TypeError(f"Decoder takes a specbench Target (LoadedModel.backend), not {type(target).__name__}")
+            raise TypeError(f"Decoder takes a specbench Target (LoadedModel.target), not {type(target).__name__}")
         self.target = target
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_draft_tokens = int(max_draft_tokens)

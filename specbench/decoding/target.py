@@ -6,6 +6,10 @@ The loop owns drafting, planning, acceptance and the records; a target owns the 
 sequence being decoded, the transfers between host and device, and the fence of the loop's clock. Per greedy step
 the loop asks it for one verification pass and reads back one small block of choices: that read is the only
 blocking device-to-host transfer of a step.
+
+Implementations live in ``specbench.targets``: ``transformers.TransformersTarget`` (a KV cache edited in place) and
+``reference.ReferenceTarget`` (no cache: one full forward over the whole sequence per pass, the oracle the contract
+tests hold the other to). What builders need from a model besides decoding is ``specbench.targets.weights``'s.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class Target(ABC):
     num_layers: its decoder layers, for drafters that read hidden states.
     device:     where its logits are (the choices' ``logits``; the loop's random draws, a draft model and the
                 sampling verifier run there); a pass whose logits come back elsewhere is refused.
+    devices:    every device holding part of the model (what the runner's GPU-memory figures cover), an attribute
+                of each implementation.
     """
 
     vocab_size: int

@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specbench.models.loaded import parameter_count
 from specbench.targets.kv_cache import TreeKVCache
-from specbench.targets.transformers import cache_keyword, forward_with_cache
+from specbench.targets.transformers import cache_keyword, forward_with_cache, parameter_count
 from specbench.decoding.sampling import Sampling, target_distribution
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.drafters.base import chosen_or_listed, require_flag, require_positive
@@ -73,7 +72,8 @@ class DraftModel(Drafter):
         return spec
 
     def prepare(self, target, sampling: Sampling | None = None) -> None:
-        from specbench.models import load_gguf, load_pretrained, use_linear_backend
+        from specbench.models import load_gguf, load_pretrained
+        from specbench.targets.kernels import use_linear_backend
 
         spec = self._spec_for(target)
         dtype = DTYPE_NAMES.get(target.dtype, "float32")
@@ -107,7 +107,8 @@ class DraftModel(Drafter):
                     f"draft model {loaded.source} does not share the tokenizer of target {target.name} "
                     f"({target.source}): their vocabularies differ, so its tokens would mean other words"
                 )
-            draft, draft_name = loaded.model, loaded.source
+            # the drafter runs the draft's transformers module itself, with a KV cache of its own
+            draft, draft_name = loaded.weights.module, loaded.source
         draft_size = parameter_count(draft)
         target_size = target.parameter_count
         if draft_size >= target_size:

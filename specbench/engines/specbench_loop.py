@@ -20,14 +20,13 @@ from specbench.engines.drafter_state import restore_drafter_state, save_drafter_
 from specbench.engines.warm_up import out_of_memory_skip, warm_up_on_one_that_fits
 from specbench.measure import gpu_memory
 from specbench.models import LoadedModel
-from specbench.models.kernels import OneDNNLinear
-from specbench.models.loaded import weights_fingerprint
 from specbench.questions import Prompt
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import Answer
 from specbench.run.environment import environment
 from specbench.run.instantiate import build
 from specbench.settings import RunSettings
+from specbench.targets.transformers import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ class SpecbenchLoop(Engine):
         self.drafters = {METHOD: drafter, BASELINE: NoDraft()}
         self.settings = settings
         self.processes = processes
-        self.decoder = Decoder(model.backend, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
+        self.decoder = Decoder(model.target, model.eos_token_ids, settings.max_draft_tokens, sampling=sampling,
                                target_top_k=settings.target_top_k, diagnostic_top_k=settings.mismatch_top_k)
         self.model_name = model.name
         self.drafter_name = drafter.name
@@ -128,12 +127,7 @@ def loaded_settings(model: LoadedModel, drafter: Drafter) -> dict:
     }
 
 
-def linear_backend_used(module: torch.nn.Module) -> str:
-    """The kernels ``module``'s linear layers run on: onednn when ``use_linear_backend`` replaced them, else aten."""
-    return "onednn" if any(isinstance(child, OneDNNLinear) for child in module.modules()) else "aten"
-
-
 def loaded_placement(model: LoadedModel) -> dict:
     """The placement settings of a loaded model (``specbench.run.identity``: ``LOADED_KEYS``)."""
     return {"placement": model.placement, "devices": ",".join(str(device) for device in model.devices),
-            "linear_backend_used": linear_backend_used(model.model)}
+            "linear_backend_used": model.weights.linear_backend_used}

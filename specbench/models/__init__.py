@@ -7,7 +7,6 @@ Each loader is a Hydra ``_target_`` (see ``conf/model/``) and returns a ``Loaded
 - ``gguf.py``: ``load_embedded_gguf``, ``load_gguf`` (GGUF converted once to a checkpoint in the cache)
 - ``hub.py``: ``load_pretrained`` (local directory, or hub id with an offline-first lookup)
 - ``tiny.py``: ``build_tiny_random``
-- ``kernels.py``: ``OneDNNLinear``, ``use_linear_backend`` (the linear layers' kernels)
 - ``devices.py``: ``resolve_device``, ``resolve_dtype``
 
 The names are re-exported here, so ``from specbench.models import load_gguf`` works.
@@ -16,15 +15,12 @@ The names are re-exported here, so ``from specbench.models import load_gguf`` wo
 from specbench.models.devices import DTYPES, resolve_device, resolve_dtype
 from specbench.models.gguf import load_embedded_gguf, load_gguf
 from specbench.models.hub import load_pretrained
-from specbench.models.kernels import LINEAR_BACKENDS, OneDNNLinear, use_linear_backend
 from specbench.models.loaded import LoadedModel, finish_loading, tokenizer_fingerprint
 from specbench.models.tiny import build_tiny_random
 
 __all__ = [
     "DTYPES",
-    "LINEAR_BACKENDS",
     "LoadedModel",
-    "OneDNNLinear",
     "build_tiny_random",
     "finish_loading",
     "load_embedded_gguf",
@@ -33,5 +29,4 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "tokenizer_fingerprint",
-    "use_linear_backend",
 ]

@@ -8,19 +8,24 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.decoding.target import Target
 from specbench.errors import SpecbenchError
-from specbench.models.kernels import use_linear_backend
 from specbench.models.prompt_format import PromptFormat, make_prompt_format
-from specbench.targets.transformers import TransformersTarget
+from specbench.targets.kernels import use_linear_backend
+from specbench.targets.transformers import TransformersTarget, TransformersWeights
+from specbench.targets.weights import TargetWeights
 
 
 @dataclass
 class LoadedModel:
-    """A causal LM ready for decoding, with what the runner needs to talk to it. ``backend`` is the ``Target``
-    the decoding loop runs; ``model`` is the transformers module behind it (for builders that train or prune)."""
+    """A causal LM ready for decoding, with what the runner needs to talk to it: ``target``, the ``Target`` the
+    decoding loop runs, and ``weights``, the ``TargetWeights`` builders and run.json read, both constructed by the
+    loader (``finish_loading``). The properties below answer from one of the two what drafters and the runner
+    read most."""
 
     name: str
-    model: torch.nn.Module
+    target: Target
+    weights: TargetWeights
     tokenizer: object
     prompt_format: PromptFormat
     eos_token_ids: frozenset[int]
@@ -29,40 +34,32 @@ class LoadedModel:
     family: str | None = None
     placement: str = "single"
     _fingerprint: str | None = None
-    _weights_fingerprint: str | None = None
-    _backend: TransformersTarget | None = None
-
-    @property
-    def backend(self) -> TransformersTarget:
-        if self._backend is None:
-            self._backend = TransformersTarget(self.model)
-        return self._backend
 
     @property
     def device(self) -> torch.device:
         """Where the target's logits are (for a model spread over devices: its output layer's)."""
-        return self.backend.device
+        return self.target.device
 
     @property
     def devices(self) -> tuple[torch.device, ...]:
-        return self.backend.devices
+        return self.target.devices
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        return self.weights.dtype
 
     @property
     def vocab_size(self) -> int:
-        return self.backend.vocab_size
+        return self.target.vocab_size
 
     @property
     def num_layers(self) -> int:
-        return self.backend.num_layers
+        return self.target.num_layers
 
     @property
     def parameter_count(self) -> int:
         """Parameters of the whole model (under tensor parallelism: of every shard together)."""
-        return parameter_count(self.model)
+        return self.weights.parameter_count
 
     def encode_conversation(self, questions: list[str], answers: list[str]) -> list[int]:
         return self.prompt_format.encode(questions, answers)
@@ -75,25 +72,11 @@ class LoadedModel:
 
     @property
     def weights_fingerprint(self) -> str:
-        if self._weights_fingerprint is None:
-            self._weights_fingerprint = weights_fingerprint(self.model)
-        return self._weights_fingerprint
+        return self.weights.fingerprint
 
     def decode(self, token_ids) -> str:
         """Answer text as Spec-Bench stores it: special tokens dropped, surrounding whitespace stripped."""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
-
-
-def parameter_count(model: torch.nn.Module) -> int:
-    """A model's parameters, wherever they are: oneDNN's packed linear weights (buffers) included, a tensor-parallel
-    shard counted as its whole tensor."""
-    packed = [buffer for name, buffer in model.named_buffers() if name.endswith("packed_weight")]
-    return sum(_global_numel(tensor) for tensor in [*model.parameters(), *packed])
-
-
-def _global_numel(parameter: torch.Tensor) -> int:
-    full_shape = getattr(parameter, "shape", None)
-    return int(torch.Size(full_shape).numel()) if full_shape is not None else parameter.numel()
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -101,28 +84,6 @@ def tokenizer_fingerprint(tokenizer) -> str:
     target whose tokenizer has the same fingerprint."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
-def weights_fingerprint(model: torch.nn.Module, samples_per_tensor: int = 4096) -> str:
-    """A short hash of a model's weights: every parameter's and buffer's name, shape and dtype, and up to
-    ``samples_per_tensor`` of its values at evenly spaced positions. Reading a sample keeps it to milliseconds
-    for a 7B model on a GPU; two different checkpoints, seeds or precisions differ in it (damage to a cached
-    file is caught by the file checksum, see ``specbench.models.gguf``)."""
-    digest = hashlib.sha256()
-    with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            tensor = tensor.detach()
-            if hasattr(tensor, "full_tensor"):  # a shard under tensor parallelism: the whole tensor, as one process has it
-                tensor = tensor.full_tensor()
-            if tensor.is_mkldnn:  # weights packed for oneDNN's kernels (run.linear_backend)
-                tensor = tensor.to_dense()
-            flat = tensor.reshape(-1)
-            if flat.numel() > samples_per_tensor:
-                # integer steps: float positions round past the end of tensors of tens of millions of values
-                flat = flat[torch.arange(samples_per_tensor, device=flat.device) * (flat.numel() - 1) // (samples_per_tensor - 1)]
-            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-            digest.update(flat.to("cpu", torch.float32).numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def _eos_ids(model, tokenizer) -> frozenset[int]:
@@ -165,7 +126,8 @@ def finish_loading(name, model, tokenizer, prompt_format, system_message, device
     text_config = model.config.get_text_config()
     return LoadedModel(
         name=name,
-        model=model,
+        target=TransformersTarget(model),
+        weights=TransformersWeights(model),
         tokenizer=tokenizer,
         prompt_format=make_prompt_format(prompt_format, tokenizer, system_message, chat_template_kwargs),
         eos_token_ids=_eos_ids(model, tokenizer),

@@ -1,7 +1,8 @@
-"""The target as transformers runs it: one model object on one device, its layers spread over several GPUs by
-accelerate (``device_map``), or one shard of it per process under transformers' tensor parallelism (``tp_plan``,
-under ``torchrun``). The sharding is how the model was loaded; this class only learns which devices to fence and
-where its inputs and logits live.
+"""The transformers backend: ``TransformersTarget``, the target as the loop decodes with it, and
+``TransformersWeights``, the same model as builders and run.json see it (``specbench.targets.weights``). The
+model is one object on one device, its layers spread over several GPUs by accelerate (``device_map``), or one
+shard of it per process under transformers' tensor parallelism (``tp_plan``, under ``torchrun``). The sharding is
+how the model was loaded; these classes only learn which devices to fence and where inputs and logits live.
 
 Device round trips are a GPU's per-step tax, so a verification pass makes exactly one blocking device-to-host
 read (the choices, packed into one block), uploads its inputs from pinned host buffers without blocking, and
@@ -10,6 +11,7 @@ builds the attention mask on the device from the [q, q] block that changes (ever
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 
 import numpy as np
@@ -17,7 +19,9 @@ import torch
 
 from specbench.decoding.target import Target, TargetChoices, VerifyInputs
 from specbench.errors import SpecbenchError
+from specbench.targets.kernels import OneDNNLinear
 from specbench.targets.kv_cache import TreeKVCache
+from specbench.targets.weights import TargetWeights
 
 # Choices travel to the host as float32: token ids below 2**24 are exact in it.
 _LARGEST_EXACT_ID = 2**24
@@ -243,3 +247,153 @@ class TransformersTarget(Target):
         if rows is None:
             return self._hidden
         return self._hidden.index_select(1, self.upload(np.asarray(rows, dtype=np.int64), "hidden_rows"))
+
+
+class TransformersWeights(TargetWeights):
+    """A transformers causal LM behind the ``TargetWeights`` interface. ``module`` is the model itself, for the
+    code of this backend (its ``Target``, tests comparing with transformers' own decoding)."""
+
+    def __init__(self, module: torch.nn.Module):
+        text_config = module.config.get_text_config()
+        self.module = module
+        self.vocab_size = int(text_config.vocab_size)
+        self.num_layers = int(text_config.num_hidden_layers)
+        self.hidden_size = int(text_config.hidden_size)
+        self.input_device = model_devices(module)[0]
+        self._fingerprint: str | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.module.parameters()).dtype
+
+    @property
+    def parameter_count(self) -> int:
+        return parameter_count(self.module)
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.module)
+        return self._fingerprint
+
+    @property
+    def linear_backend_used(self) -> str:
+        # onednn when use_linear_backend replaced the linear layers, else PyTorch's own
+        return "onednn" if any(isinstance(child, OneDNNLinear) for child in self.module.modules()) else "aten"
+
+    @property
+    def architecture(self) -> dict:
+        return self.module.config.get_text_config().to_dict()
+
+    def input_embeddings(self) -> torch.Tensor:
+        return _whole(self.module.get_input_embeddings().weight)
+
+    def output_layer(self) -> torch.nn.Module:
+        layer = self.module.get_output_embeddings()
+        weight = getattr(layer, "weight", None)
+        if weight is None or not hasattr(weight, "full_tensor"):
+            return layer  # a plain or oneDNN-packed linear: called as it is
+        # a sharded lm_head wants sharded inputs: a frozen copy of its whole weight instead
+        whole = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
+                                dtype=weight.dtype)
+        whole.weight = torch.nn.Parameter(weight.full_tensor().detach(), requires_grad=False)
+        return whole
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                 eos_token_ids: frozenset[int], pad_token_id: int, temperature: float | None = None) -> torch.Tensor:
+        sampling = ({"do_sample": False} if temperature is None
+                    else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0})
+        output = self.module.generate(input_ids.to(self.input_device),
+                                      attention_mask=attention_mask.to(self.input_device),
+                                      max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                                      eos_token_id=sorted(eos_token_ids), **sampling)
+        return output[:, input_ids.shape[1]:]
+
+    def hidden_states_and_logits(self, token_ids: torch.Tensor, layers: tuple[int, ...]
+                                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        output = self.module(input_ids=token_ids[None].to(self.input_device), output_hidden_states=True)
+        return [output.hidden_states[layer][0] for layer in layers], output.logits[0]
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.module(input_ids=input_ids).logits
+
+    def pruned_copy(self, layers: list[int]) -> torch.nn.Module:
+        return prune(self.module, layers)
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, as one process has it: under tensor parallelism the weights are shards (DTensors)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """A model's parameters, wherever they are: oneDNN's packed linear weights (buffers) included, a tensor-parallel
+    shard counted as its whole tensor."""
+    packed = [buffer for name, buffer in model.named_buffers() if name.endswith("packed_weight")]
+    return sum(_global_numel(tensor) for tensor in [*model.parameters(), *packed])
+
+
+def _global_numel(parameter: torch.Tensor) -> int:
+    full_shape = getattr(parameter, "shape", None)
+    return int(torch.Size(full_shape).numel()) if full_shape is not None else parameter.numel()
+
+
+def weights_fingerprint(model: torch.nn.Module, samples_per_tensor: int = 4096) -> str:
+    """A short hash of a model's weights: every parameter's and buffer's name, shape and dtype, and up to
+    ``samples_per_tensor`` of its values at evenly spaced positions. Reading a sample keeps it to milliseconds
+    for a 7B model on a GPU; two different checkpoints, seeds or precisions differ in it (damage to a cached
+    file is caught by the file checksum, see ``specbench.models.gguf``)."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            tensor = tensor.detach()
+            if hasattr(tensor, "full_tensor"):  # a shard under tensor parallelism: the whole tensor, as one process has it
+                tensor = tensor.full_tensor()
+            if tensor.is_mkldnn:  # weights packed for oneDNN's kernels (run.linear_backend)
+                tensor = tensor.to_dense()
+            flat = tensor.reshape(-1)
+            if flat.numel() > samples_per_tensor:
+                # integer steps: float positions round past the end of tensors of tens of millions of values
+                flat = flat[torch.arange(samples_per_tensor, device=flat.device) * (flat.numel() - 1) // (samples_per_tensor - 1)]
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            digest.update(flat.to("cpu", torch.float32).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def dense_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as plain tensors, also for layers running on oneDNN (whose weight is packed)."""
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    for name, module in model.named_modules():
+        if isinstance(module, OneDNNLinear):
+            state[f"{name}.weight"] = module.packed_weight.to_dense()
+    return state
+
+
+def prune(model: torch.nn.Module, layers: list[int]) -> torch.nn.Module:
+    """A new model of the same architecture with only ``layers`` of ``model``'s decoder layers (renumbered
+    0..k-1), float32, with trainable standard linear layers."""
+    from transformers import AutoModelForCausalLM
+
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    text_config = config.get_text_config()
+    total = text_config.num_hidden_layers
+    text_config.num_hidden_layers = len(layers)
+    if getattr(text_config, "layer_types", None):
+        text_config.layer_types = [text_config.layer_types[i] for i in layers]
+    pruned = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    renumber = {old: new for new, old in enumerate(layers)}
+    state = {}
+    for name, tensor in dense_state_dict(model).items():
+        parts = name.split(".")
+        if "layers" in parts:
+            position = parts.index("layers") + 1
+            old = int(parts[position])
+            if old not in renumber:
+                continue
+            parts[position] = str(renumber[old])
+        state[".".join(parts)] = tensor.float()
+    missing, unexpected = pruned.load_state_dict(state, strict=False)
+    missing = [key for key in missing if not key.endswith("lm_head.weight") or not config.tie_word_embeddings]
+    if missing or unexpected:
+        raise SpecbenchError(f"pruning a {total}-layer model failed: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return pruned

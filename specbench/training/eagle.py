@@ -199,16 +199,14 @@ def dense_weight(module: torch.nn.Module) -> torch.Tensor:
 def target_sequences(target, conversations, feature_layers: tuple[int, ...], description: str) -> list[Sequence]:
     """Run the target over each prompt + answer (one at a time: no padding to get wrong) and keep the head's
     features, the post-norm last state and the greedy next tokens, in float32 on the host."""
-    model = target.model
     last = target.num_layers
     sequences = []
     for prompt_ids, answer_ids in tqdm(conversations, desc=description, unit="answer"):
         ids = torch.tensor(list(prompt_ids) + list(answer_ids), dtype=torch.long)
-        output = model(input_ids=ids[None].to(target.backend.input_device), output_hidden_states=True)
-        states = output.hidden_states
-        features = torch.cat([states[layer][0] for layer in feature_layers], dim=-1).float().cpu()
-        final = states[last][0].float().cpu()
-        greedy = output.logits[0].argmax(-1).cpu()
+        states, logits = target.weights.hidden_states_and_logits(ids, (*feature_layers, last))
+        features = torch.cat(states[:-1], dim=-1).float().cpu()
+        final = states[-1].float().cpu()
+        greedy = logits.argmax(-1).cpu()
         sequences.append(Sequence(ids, len(prompt_ids), features, final, greedy))
     return sequences
 
@@ -374,7 +372,7 @@ class Labels:
     vocabulary and renormalised, EAGLE-3's label)."""
 
     def __init__(self, target, draft_ids: torch.LongTensor | None):
-        weight = dense_weight(target.model.get_output_embeddings()).float().cpu()
+        weight = dense_weight(target.weights.output_layer()).float().cpu()
         self.weight = weight if draft_ids is None else weight[draft_ids]  # [draft vocab, H]
         self.in_draft = None
         if draft_ids is not None:
@@ -587,7 +585,7 @@ def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Re
 def new_head(target, kind: str, recipe: Recipe):
     """A randomly initialised head (seeded by the recipe) shaped like ``target``'s layers, reading its feature layers
     (resolved, so the checkpoint names them), on the host in float32."""
-    from specbench.models.eagle_heads import build_head, head_config_for, resolve_feature_layers, target_output_layer
+    from specbench.models.eagle_heads import build_head, head_config_for, resolve_feature_layers
 
     vocab = recipe.draft_vocab_size if kind == "eagle3" else None
     if vocab is not None and vocab >= target.vocab_size:
@@ -602,8 +600,8 @@ def new_head(target, kind: str, recipe: Recipe):
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(recipe.seed)
     try:
-        head = build_head(config, target_output_layer(target) if kind == "eagle" else None,
-                          target.model.get_input_embeddings().weight)
+        head = build_head(config, target.weights.output_layer() if kind == "eagle" else None,
+                          target.weights.input_embeddings())
     finally:
         torch.random.set_rng_state(generator_state)  # the caller's random stream is not this build's business
     return head

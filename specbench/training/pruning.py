@@ -12,7 +12,6 @@ import torch
 from tqdm import tqdm
 
 from specbench.errors import SpecbenchError
-from specbench.models import OneDNNLinear
 
 log = logging.getLogger(__name__)
 SELECTIONS = ("first", "evenly", "last")
@@ -45,45 +44,6 @@ def select_layers(num_layers: int, keep, selection: str = "evenly") -> list[int]
     return sorted({int(round(i)) for i in np.linspace(0, num_layers - 1, keep)})
 
 
-def dense_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's weights as plain tensors, also for layers running on oneDNN (whose weight is packed)."""
-    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    for name, module in model.named_modules():
-        if isinstance(module, OneDNNLinear):
-            state[f"{name}.weight"] = module.packed_weight.to_dense()
-    return state
-
-
-def prune(model: torch.nn.Module, layers: list[int]) -> torch.nn.Module:
-    """A new model of the same architecture with only ``layers`` of ``model``'s decoder layers (renumbered
-    0..k-1), float32, with trainable standard linear layers."""
-    from transformers import AutoModelForCausalLM
-
-    config = model.config.__class__.from_dict(model.config.to_dict())
-    text_config = config.get_text_config()
-    total = text_config.num_hidden_layers
-    text_config.num_hidden_layers = len(layers)
-    if getattr(text_config, "layer_types", None):
-        text_config.layer_types = [text_config.layer_types[i] for i in layers]
-    pruned = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    renumber = {old: new for new, old in enumerate(layers)}
-    state = {}
-    for name, tensor in dense_state_dict(model).items():
-        parts = name.split(".")
-        if "layers" in parts:
-            position = parts.index("layers") + 1
-            old = int(parts[position])
-            if old not in renumber:
-                continue
-            parts[position] = str(renumber[old])
-        state[".".join(parts)] = tensor.float()
-    missing, unexpected = pruned.load_state_dict(state, strict=False)
-    missing = [key for key in missing if not key.endswith("lm_head.weight") or not config.tie_word_embeddings]
-    if missing or unexpected:
-        raise SpecbenchError(f"pruning a {total}-layer model failed: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    return pruned
-
-
 def token_blocks(token_documents, block_size: int, batch_size: int, seed: int):
     """Endless batches [batch_size, block_size] of consecutive tokens cut from the concatenated documents,
     in a shuffled order."""
@@ -100,7 +60,8 @@ def token_blocks(token_documents, block_size: int, batch_size: int, seed: int):
 
 def distill(student, teacher, batches, tokens: int, lr: float, device) -> list[float]:
     """Train ``student`` to match ``teacher``'s next-token distributions (KL(teacher || student), averaged
-    over positions) on about ``tokens`` tokens; return the KL of every step."""
+    over positions) on about ``tokens`` tokens; return the KL of every step. ``teacher``: the target's
+    ``TargetWeights``."""
     student.train()
     optimizer = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.0)
     first = next(batches)
@@ -112,7 +73,7 @@ def distill(student, teacher, batches, tokens: int, lr: float, device) -> list[f
     # Logits are [rows, block, vocab] floats several times over (teacher, student, gradients): with a large
     # vocabulary a whole batch does not fit in memory, so the batch runs in slices of rows whose gradients add
     # up to those of the whole batch.
-    vocab = teacher.config.get_text_config().vocab_size
+    vocab = teacher.vocab_size
     rows_per_slice = max(1, LOGIT_FLOATS_PER_SLICE // (first.shape[1] * vocab))
     for _ in bar:
         batch = batch.to(device)
@@ -120,7 +81,7 @@ def distill(student, teacher, batches, tokens: int, lr: float, device) -> list[f
         loss_value = 0.0
         for rows in batch.split(rows_per_slice):
             with torch.no_grad():
-                target_log_probs = torch.log_softmax(teacher(input_ids=rows).logits.float(), dim=-1)
+                target_log_probs = torch.log_softmax(teacher.logits(rows).float(), dim=-1)
             student_log_probs = torch.log_softmax(student(input_ids=rows).logits.float(), dim=-1)
             loss = torch.nn.functional.kl_div(student_log_probs, target_log_probs, log_target=True,
                                               reduction="none").sum(-1).mean() * (rows.shape[0] / batch.shape[0])
