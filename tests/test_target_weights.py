@@ -16,9 +16,11 @@ from specbench.targets.transformers import (TransformersWeights, dense_state_dic
 from specbench.targets.weights import TargetWeights
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
-# The backends and the loaders that build their objects: the only code that may hold a transformers module.
+# The backends and the loaders that build their objects: the only code that may hold a transformers module. The
+# GGUF conversion is a loader's step too: it reads the GGUF file through transformers to save it as a checkpoint
+# (a module of its own making, never the target's).
 MAY_READ_THE_MODULE = ("targets/", "models/loaded.py", "models/hub.py", "models/gguf.py", "models/tiny.py",
-                       "models/placement.py")
+                       "models/placement.py", "artefacts/gguf_conversion.py")
 # A transformers module reached through a loaded model or a target: LoadedModel.model / .backend (gone), a
 # module's config, embeddings, output layer, generate or hidden states, and the backend's own attribute.
 MODULE_ACCESS = re.compile(r"\b(?:target|loaded|model|teacher|self\.target)\.(?:model|backend)\b"
