@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ScriptedDrafter, greedy_reference
+from conftest import ScriptedDrafter
 
 import specbench.decoding.loop as loop
 from specbench.decoding.contract import Draft
@@ -16,6 +16,7 @@ from specbench.decoding.loop import Decoder, FencedClock, VerifyShapes
 from specbench.targets.transformers import TransformersTarget
 from specbench.decoding.plan import plan_verification
 from specbench.decoding.sampling import Sampling
+from specbench.testing import greedy_reference
 
 # Seconds of each operation: powers of two, so every sum of them is exact and tells which operations it holds.
 BEGIN, PROPOSE_HOST, PROPOSE_DEVICE, ACCEPT_HOST, ACCEPT_DEVICE = 1.0, 2.0, 4.0, 8.0, 16.0

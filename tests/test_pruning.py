@@ -3,12 +3,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import greedy_reference
 from transformers import AutoModelForCausalLM
 
 from specbench.decoding.loop import Decoder
 from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
+from specbench.testing import greedy_reference
 from specbench.training.pruning import (
     build_pruned_draft,
     distill,
