@@ -114,3 +114,7 @@ def answer(tokens=5, seconds=1.0, accepted=(1, 2, 2)):
                              for i, n in enumerate(accepted)])
         result.wall_times.append(turn_seconds)
     return result
+
+
+# ``nvidia-smi -L``'s line for one H200.
+H200 = "GPU 0: NVIDIA H200 (UUID: GPU-0f1e2d3c-0000-1111-2222-333344445555)\n"

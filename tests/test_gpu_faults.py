@@ -425,7 +425,7 @@ def test_a_bfloat16_checkpoint_loads_in_bfloat16_on_a_gpu(tmp_path, monkeypatch)
 
     import json
 
-    from test_errors import save_tiny_checkpoint
+    from specbench.testing import save_tiny_checkpoint
 
     save_tiny_checkpoint(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
