@@ -28,12 +28,13 @@ from specbench.errors import reporting_user_errors  # noqa: E402  # standard lib
 
 PACKAGES = ("specbench", "analysis")
 HEADING = "## Where each module is tested"
-INTRO = ("Every module of specbench/ and analysis/ and the test files under tests/ that import it, made by "
-         "`scripts/module_tests.py` (run it with `--write` after moving a module: tests/test_module_tests.py fails "
-         "while this table is stale, and for a module no test imports unless the script says why). What tests share "
-         "is in `specbench/testing.py`, the test kit that scripts/gpu_check.py uses too (the tiny model, the greedy "
-         "reference, the isolated cache, the drafter factory, the counting Target), and in tests/conftest.py "
-         "(pytest's fixtures over it, and helpers only tests use).")
+INTRO = """\
+Every module of specbench/ and analysis/ and the test files under tests/ that import it, made by
+`scripts/module_tests.py` (run it with `--write` after moving a module: tests/test_module_tests.py fails while this
+table is stale, and for a module no test imports unless the script says why). What tests share is in
+`specbench/testing.py`, the test kit that scripts/gpu_check.py uses too (the tiny model, the greedy reference, the
+isolated cache, the drafter factory, the counting Target), and in tests/conftest.py (pytest's fixtures over it,
+and the helpers only tests use)."""
 
 # Modules that no test file imports, and why each is still tested or needs no test of its own. A module leaves this
 # list as soon as a test imports it (the test fails on a stale entry).
