@@ -50,11 +50,7 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-PROMPTS = [
-    "Summarize: the cat sat on the mat. The cat sat on the mat again, and then the cat slept.",
-    "Translate German to English: Der Hund spielt im Garten.",
-    "Write a list of numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12",
-]
+from specbench import testing  # noqa: E402  # the tests' kit: tiny model, greedy reference, cache, counting target
 BIG_SHAPE = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=32, vocab_size=32000)  # Llama-2-7B / Vicuna-7B
 SMALL_SHAPE = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
@@ -101,24 +97,9 @@ MADE_CACHES: list[Path] = []  # removed by main's finally
 
 def isolated_cache() -> Path:
     """Databases the drafters build go to a throw-away cache, their corpus replaced by the tests' small text
-    (as tests/conftest.py does), so no row downloads anything or reads the user's cache."""
-    # Made and recorded in MADE_CACHES with Ctrl-C held back: an interrupt between the folder's creation and the
-    # record (a busy machine makes that window wide) would leave it behind, since main's finally removes only those.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        cache = Path(tempfile.mkdtemp(prefix="specbench-gpu-check-"))
-        MADE_CACHES.append(cache)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    try:  # an interrupt while it is being filled (main's finally is not yet armed) removes it too
-        corpus = cache / "corpora" / "python-docs"
-        corpus.mkdir(parents=True)
-        shutil.copy(ROOT / "tests" / "fixtures" / "corpus.txt", corpus / "corpus.txt")
-    except BaseException:
-        shutil.rmtree(cache, ignore_errors=True)
-        raise
-    os.environ["SPECBENCH_CACHE"] = str(cache)
-    return cache
+    (as tests/conftest.py does), so no row downloads anything or reads the user's cache; recorded in MADE_CACHES
+    the moment it exists (with Ctrl-C held back), since main's finally removes only those."""
+    return testing.isolated_cache("specbench-gpu-check-", share_models=False, on_made=MADE_CACHES.append)
 
 
 def drafter_names() -> list[str]:
@@ -132,61 +113,20 @@ def drafter_names() -> list[str]:
     return group_options("drafter")
 
 
-MODEL_DB_BUILD = {"max_prompts": 8, "max_new_tokens": 64}  # HD's auto model database, kept small: a check, not a study
+# HD's auto model database, kept small: a check, not a study
+MODEL_DB_BUILD = testing.small_model_db(max_prompts=8, max_new_tokens=64)
 
 
 def make_drafter(name: str, model):
-    from hydra.utils import instantiate
-
-    from specbench.config import compose
-
-    config = compose([f"drafter={name}", "model=tiny-random"]).drafter
-    if "model_db_build" in config:
-        for key, value in MODEL_DB_BUILD.items():
-            config.model_db_build[key] = value
-    drafter = instantiate(config)
-    drafter.prepare(model)
-    return drafter
+    return testing.configured_drafter(name, model, model_db=MODEL_DB_BUILD)
 
 
-def tiny(device: torch.device, dtype: str = "float32", linear_backend: str = "auto", **placement):
-    """tiny-random exactly as ``model=tiny-random`` builds it, in ``dtype`` on ``device``; ``placement``:
-    tp_plan / device_map (the placed engines hook transformers' own, aten, linear layers). Its config is read with
-    PyYAML, not composed by hydra, so that the rows which need no drafter config run without hydra and omegaconf."""
-    import yaml
-
-    from specbench.models.tiny import build_tiny_random
-
-    values = yaml.safe_load((ROOT / "conf" / "model" / "tiny-random.yaml").read_text())
-    target = values.pop("_target_")
-    if target != "specbench.models.tiny.build_tiny_random":
-        raise RuntimeError(f"conf/model/tiny-random.yaml builds {target}, which this check does not know")
-    values.update(dtype=dtype, **placement)
-    return build_tiny_random(**values, device=str(device), linear_backend=linear_backend)
-
-
-def prompt_ids(model) -> list[list[int]]:
-    return [model.encode_conversation([text], []) for text in PROMPTS]
-
-
-def greedy_reference(model, ids: list[int], max_new_tokens: int, top_k: int = 8) -> tuple[list[int], tuple]:
-    """Plain greedy decoding by transformers (tests/conftest.py), on the model's device: the tokens, and the top
-    ``top_k`` (ids, logits) of every step's raw logits, [n, k] each, to classify a difference (``mismatch``)."""
-    input_ids = torch.tensor([ids], device=model.device)
-    with torch.no_grad():
-        output = model.weights.module.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                               max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0,
-                                               return_dict_in_generate=True, output_logits=True)
-    logits = torch.stack([step[0] for step in output.logits]).float()
-    top = torch.topk(logits, top_k, dim=-1)
-    return output.sequences[0, len(ids):].tolist(), (top.indices.cpu().numpy(), top.values.cpu().numpy())
-
-
-def decoder(model, max_draft_tokens: int = 96, clock=None):
+def decoder(target, max_draft_tokens: int = 96, clock=None):
+    """The greedy decoder of ``target`` (a model's, or a wrapper of it)."""
     from specbench.decoding.loop import Decoder
     from specbench.decoding.sampling import Sampling
 
-    return Decoder(model.target, frozenset(), max_draft_tokens, sampling=Sampling(temperature=0.0), clock=clock)
+    return Decoder(target, frozenset(), max_draft_tokens, sampling=Sampling(temperature=0.0), clock=clock)
 
 
 def no_draft():
@@ -200,15 +140,15 @@ def no_draft():
 
 def lossless_rows(check: Check) -> list[Row]:
     names = drafter_names()
-    model = tiny(check.device, "float32")
-    ids = prompt_ids(model)[:1] if check.quick else prompt_ids(model)
-    references = [greedy_reference(model, prompt, 64) for prompt in ids]
+    model = testing.tiny_random(check.device, "float32")
+    ids = testing.prompt_ids(model)[:1] if check.quick else testing.prompt_ids(model)
+    references = [testing.greedy_reference_with_top(model.weights.module, prompt, 64) for prompt in ids]
     rows = []
     for name in names:
         began = time.perf_counter()
         try:
             drafter = make_drafter(name, model)
-            decodes = [decoder(model).generate(prompt, drafter, 64) for prompt in ids]
+            decodes = [decoder(model.target).generate(prompt, drafter, 64) for prompt in ids]
             row = lossless_verdict(name, decodes, references)
         except Exception as error:  # noqa: BLE001
             row = Row(f"1 lossless float32 {name}", "FAIL", f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")
@@ -253,17 +193,17 @@ def half_precision_row(check: Check, dtype: str):
     from specbench.measure.mismatch import DEFAULT_TOLERANCE, diagnose
 
     names = drafter_names()
-    model = tiny(check.device, dtype)
-    ids = prompt_ids(model)[:1] if check.quick else prompt_ids(model)
+    model = testing.tiny_random(check.device, dtype)
+    ids = testing.prompt_ids(model)[:1] if check.quick else testing.prompt_ids(model)
     new_tokens = 32 if check.quick else 64
     tolerance = DEFAULT_TOLERANCE.get(dtype, DEFAULT_TOLERANCE["float16"])
-    baselines = [decoder(model).generate(prompt, no_draft(), new_tokens) for prompt in ids]
+    baselines = [decoder(model.target).generate(prompt, no_draft(), new_tokens) for prompt in ids]
     counts = {"identical": 0, "near_tie": 0, "violation": 0}
     violations = []
     for name in names:
         drafter = make_drafter(name, model)
         for prompt, baseline in zip(ids, baselines):
-            generation = decoder(model).generate(prompt, drafter, new_tokens)
+            generation = decoder(model.target).generate(prompt, drafter, new_tokens)
             mismatch = diagnose([generation.token_ids], [baseline.token_ids], [(generation.top_ids, generation.top_logits)],
                                 [(baseline.top_ids, baseline.top_logits)], tolerance, exact=True)
             kind = "identical" if mismatch is None else mismatch.kind
@@ -365,7 +305,7 @@ def big_model_rows(check: Check) -> list[Row]:
     began = time.perf_counter()
     context = 1000 if not check.quick else 250
     sizes = LATENCY_SIZES if not check.quick else [1, 8, 32, 80]
-    latency = decoder(model).measure_verify_latency(random_prompt(context, 2), sizes, repeats=1 if check.quick else 5)
+    latency = decoder(model.target).measure_verify_latency(random_prompt(context, 2), sizes, repeats=1 if check.quick else 5)
     curve = " ".join(f"{q}:{seconds * 1e3:.1f}" for q, seconds in latency.items())
     monotone_ish = latency[sizes[-1]] >= 0.5 * latency[sizes[0]]
     rows.append(Row(f"3 verify latency ms at {context} ctx", "PASS" if monotone_ish else "FAIL", f"q={curve}",
@@ -376,7 +316,7 @@ def big_model_rows(check: Check) -> list[Row]:
     began = time.perf_counter()
     trips = []
     for name, drafter in (("ar", no_draft()), ("pld", make_pld())):
-        per_step = count_round_trips(model, drafter, random_prompt(64, 3) * 2, 16, TorchSyncs(check.cuda))
+        per_step = count_round_trips(target, drafter, random_prompt(64, 3) * 2, 16, TorchSyncs(check.cuda))
         trips.append((name, per_step[1:-1]))
     rows.append(Row("3 round trips per greedy step (want 1 sync, 1 read)", *round_trip_verdict(trips),
                     time.perf_counter() - began))
@@ -387,7 +327,7 @@ def big_model_rows(check: Check) -> list[Row]:
     new_tokens = 64 if not check.quick else 16
     for name, drafter in (("pld", make_pld()), ("recycling", make_recycling(model))):
         repeated = random_prompt(96, 4) * 3  # repeats give PLD something to match
-        generation = decoder(model).generate(repeated, drafter, new_tokens)
+        generation = decoder(model.target).generate(repeated, drafter, new_tokens)
         steps = generation.steps[1:]
         draft, verify, overhead = (sum(getattr(step, field) for step in steps)
                                    for field in ("draft_s", "verify_s", "overhead_s"))
@@ -475,40 +415,27 @@ def round_trip_verdict(trips: list[tuple[str, list[dict]]]) -> tuple[str, str]:
     return ("FAIL" if bad or hidden or empty else "PASS"), summary
 
 
-def count_round_trips(model, drafter, ids, max_new_tokens, torch_syncs: TorchSyncs | None = None) -> list[dict]:
-    """Per step: fence synchronisations, blocking reads of the choices and uploads (``TransformersTarget._download``
-    and ``_upload_to`` wrapped, the clock's fence counted), and with ``torch_syncs`` on CUDA every synchronisation
-    torch made (``torch_syncs``; None where not counted)."""
+def count_round_trips(target, drafter, ids, max_new_tokens, torch_syncs: TorchSyncs | None = None) -> list[dict]:
+    """Per step of greedy decoding on ``target``: fence synchronisations, blocking reads of the choices and uploads
+    (counted by the test kit's CountingTarget around it; the clock fences through it), and with ``torch_syncs``
+    on CUDA every synchronisation torch made (``torch_syncs``; None where not counted)."""
     from specbench.decoding.loop import FencedClock
-    from specbench.targets.transformers import TransformersTarget
 
     torch_syncs = torch_syncs or TorchSyncs(False)
-    counts = {"syncs": 0, "reads": 0, "uploads": 0}
-    per_step, last, last_torch = [], dict(counts), 0
-    download, upload = TransformersTarget._download, TransformersTarget._upload_to
-    target = model.target
-
-    def counted_download(self, tensor):
-        counts["reads"] += 1
-        return download(self, tensor)
-
-    def counted_upload(self, array, device, role="offsets"):
-        counts["uploads"] += 1
-        return upload(self, array, device, role)
-
-    def synchronize():
-        counts["syncs"] += 1
-        target.synchronize()
+    counted = testing.CountingTarget(target)
+    kinds = ("syncs", "reads", "uploads")
+    per_step, last, last_torch = [], dict(counted.counts), 0
 
     def on_step(generated, elapsed):
         nonlocal last, last_torch
-        step = {key: counts[key] - last[key] for key in counts}
+        made = counted.since(last)
+        step = {kind: made[kind] for kind in kinds}
         torch_syncs.update()
         step["torch_syncs"] = None if torch_syncs.count is None else torch_syncs.count - last_torch
-        step["torch_expected"] = sum(step[key] * cost for key, cost in costs.items())
+        step["torch_expected"] = sum(step[kind] * cost for kind, cost in costs.items())
         last_torch = torch_syncs.count or 0
         per_step.append(step)
-        last = dict(counts)
+        last = dict(counted.counts)
 
     def cost(operation) -> int:
         """How many synchronisations torch reports for one ``operation`` on its own."""
@@ -518,18 +445,16 @@ def count_round_trips(model, drafter, ids, max_new_tokens, torch_syncs: TorchSyn
         torch_syncs.update()
         return (torch_syncs.count or 0) - before
 
-    TransformersTarget._download, TransformersTarget._upload_to = counted_download, counted_upload
-    try:
-        with torch_syncs:
-            # What one fence, one read and one upload cost in torch's count on this machine, each alone: a step
-            # may make that many and no more.
-            costs = {"syncs": cost(target.synchronize),
-                     "reads": cost(lambda: download(target, torch.zeros(2, dtype=torch.long, device=target.device))),
-                     "uploads": cost(lambda: upload(target, np.zeros(2, dtype=np.int64), target.device, "offsets"))}
-            last_torch = torch_syncs.count or 0
-            decoder(model, clock=FencedClock(synchronize)).generate(ids, drafter, max_new_tokens, on_step=on_step)
-    finally:
-        TransformersTarget._download, TransformersTarget._upload_to = download, upload
+    with torch_syncs:
+        # What one fence, one read and one upload cost in torch's count on this machine, each alone (on the
+        # target itself, uncounted): a step may make that many and no more.
+        costs = {"syncs": cost(target.synchronize),
+                 "reads": cost(lambda: target._download(torch.zeros(2, dtype=torch.long, device=target.device))),
+                 "uploads": cost(lambda: target._upload_to(np.zeros(2, dtype=np.int64), target.device, "offsets"))}
+        last_torch = torch_syncs.count or 0
+        last = dict(counted.counts)
+        clock = FencedClock(counted.synchronize)
+        decoder(counted, clock=clock).generate(ids, drafter, max_new_tokens, on_step=on_step)
     return per_step
 
 
@@ -537,22 +462,22 @@ def count_round_trips(model, drafter, ids, max_new_tokens, torch_syncs: TorchSyn
 
 
 def decode_all(model, names=("ar", "pld", "recycling"), max_new_tokens=32) -> dict[str, list[list[int]]]:
-    ids = prompt_ids(model)
+    ids = testing.prompt_ids(model)
     found = {}
     for name in names:
         drafter = {"ar": no_draft, "pld": make_pld}.get(name, lambda: make_recycling(model))()
-        found[name] = [decoder(model).generate(prompt, drafter, max_new_tokens).token_ids for prompt in ids]
+        found[name] = [decoder(model.target).generate(prompt, drafter, max_new_tokens).token_ids for prompt in ids]
     return found
 
 
 def device_map_row(check: Check, device_map: str):
     if device_map == "auto":
-        single = decode_all(tiny(torch.device("cuda:0"), linear_backend="aten"))
-        placed_model = tiny(torch.device("cuda:0"), linear_backend="aten", device_map="auto")
+        single = decode_all(testing.tiny_random(torch.device("cuda:0"), linear_backend="aten"))
+        placed_model = testing.tiny_random(torch.device("cuda:0"), linear_backend="aten", device_map="auto")
         devices = sorted({str(device) for device in placed_model.devices})
     else:
-        single = decode_all(tiny(torch.device("cpu"), linear_backend="aten"))
-        placed_model = tiny(torch.device("cpu"), linear_backend="aten", device_map="cpu")
+        single = decode_all(testing.tiny_random(torch.device("cpu"), linear_backend="aten"))
+        placed_model = testing.tiny_random(torch.device("cpu"), linear_backend="aten", device_map="cpu")
         devices = ["cpu"]
     placed = decode_all(placed_model)
     differ = [name for name in single if single[name] != placed[name]]
@@ -584,7 +509,7 @@ def tensor_parallel_row(check: Check):
             tail = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()][-1:] or ["no output"]
             return "FAIL", f"torchrun x{processes} exited {done.returncode}: {tail[0][:160]}"
         sharded = json.loads(out.read_text())
-    single = decode_all(tiny(torch.device("cuda:0" if where == "cuda" else "cpu"), linear_backend="aten"))
+    single = decode_all(testing.tiny_random(torch.device("cuda:0" if where == "cuda" else "cpu"), linear_backend="aten"))
     differ = [name for name in single if single[name] != sharded["tokens"][name]]
     label = f"tp_plan=auto, torchrun x{processes} ({where}{', gloo' if where == 'cpu' else ', nccl'})"
     return ("FAIL" if differ else "PASS",
@@ -599,7 +524,7 @@ def tp_worker(args) -> int:
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    model = tiny(device, linear_backend="aten", tp_plan="auto")
+    model = testing.tiny_random(device, linear_backend="aten", tp_plan="auto")
     tokens = decode_all(model)
     if rank() == 0:
         Path(args.out).write_text(json.dumps({"tokens": tokens, "placement": model.placement}))

@@ -1,56 +1,30 @@
-"""Shared fixtures: the tiny random model and greedy references computed with transformers' generate()."""
+"""Shared fixtures over the test kit (specbench/testing.py: the tiny model, the greedy reference, the isolated
+cache), and the helpers only pytest's tests use: a scripted drafter, one-line refusals, warnings, a fake nvidia-smi,
+made-up answers."""
 
 from __future__ import annotations
 
 import atexit
-import os
+import logging
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from hydra.utils import instantiate
 
-from specbench.storage.cache import cache_root
-from specbench.config import compose
+from specbench import testing
 from specbench.decoding.contract import Draft, Drafter
 
-
-def _isolated_cache() -> Path:
-    """Databases built by tests go to a throw-away cache (inherited by subprocesses through the environment);
-    converted model checkpoints are shared with the real cache, so the embedded model is converted once.
-    The default statistics corpus is replaced by a small text written for the tests."""
-    real = cache_root(None)
-    (real / "models").mkdir(parents=True, exist_ok=True)
-    cache = Path(tempfile.mkdtemp(prefix="specbench-test-cache-"))
-    (cache / "models").symlink_to(real / "models", target_is_directory=True)
-    corpus = cache / "corpora" / "python-docs"
-    corpus.mkdir(parents=True)
-    shutil.copy(Path(__file__).parent / "fixtures" / "corpus.txt", corpus / "corpus.txt")
-    atexit.register(shutil.rmtree, cache, ignore_errors=True)
-    os.environ["SPECBENCH_CACHE"] = str(cache)
-    return cache
-
-
-TEST_CACHE = _isolated_cache()
-
-# HD's model database as the tests build it: its configured 96 answers of 1024 tokens take minutes on a CPU; these
-# few short answers still supply drafts the target accepts (the database's lookups are pinned on hand-built tables).
-SMALL_MODEL_DB = ["drafter.model_db_build.max_prompts=8", "drafter.model_db_build.max_new_tokens=32"]
-
-PROMPTS = [
-    "Summarize: the cat sat on the mat. The cat sat on the mat again, and then the cat slept.",
-    "Translate German to English: Der Hund spielt im Garten.",
-    "Write a list of numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12",
-]
+# Databases built by tests go to a throw-away cache; converted model checkpoints are shared with the real cache, so
+# the embedded model is converted once.
+TEST_CACHE = testing.isolated_cache("specbench-test-cache-", share_models=True,
+                                    on_made=lambda cache: atexit.register(shutil.rmtree, cache, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")
 def tiny():
     """tiny-random exactly as ``model=tiny-random`` builds it."""
-    return instantiate(compose(["model=tiny-random"]).model, device="cpu", linear_backend="auto")
+    return testing.tiny_random()
 
 
 # Every Target implementation, by name: the lossless contract tests run over each (``each_target``).
@@ -73,7 +47,7 @@ def each_target(request, tiny):
 
 @pytest.fixture(scope="session")
 def prompt_ids(tiny):
-    return [tiny.encode_conversation([text], []) for text in PROMPTS]
+    return testing.prompt_ids(tiny)
 
 
 def refusal(call, *args, **kwargs) -> str:
@@ -82,20 +56,32 @@ def refusal(call, *args, **kwargs) -> str:
 
     with pytest.raises(SpecbenchError) as error:
         call(*args, **kwargs)
-    message = str(error.value)
+    return one_line(error)
+
+
+def one_line(error_info) -> str:
+    """The message of a caught error (``pytest.raises``'s info), which must be one line."""
+    message = str(error_info.value)
     assert "\n" not in message, message
     return message
 
 
-def greedy_reference(model, prompt_ids, max_new_tokens, eos_token_ids=()):
-    """Plain greedy decoding by transformers, the independent reference for losslessness."""
-    eos = list(eos_token_ids) or None
-    input_ids = torch.tensor([prompt_ids])
-    output = model.generate(
-        input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
-        eos_token_id=eos, pad_token_id=0,
-    )
-    return output[0, len(prompt_ids):].tolist()
+def warnings_of(caplog) -> list[str]:
+    """The messages logged at WARNING or above."""
+    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+
+
+def fake_nvidia_smi(directory: Path, listing: str, driver: str = "550.54.15") -> None:
+    """An ``nvidia-smi`` in ``directory`` that answers ``-L`` with ``listing`` and the driver query with ``driver``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    script.write_text("#!/bin/sh\n"
+                      'case "$1" in\n'
+                      f"  -L) printf '%s' '{listing}' ;;\n"
+                      f"  --query-gpu=driver_version) echo '{driver}' ;;\n"
+                      "  *) exit 9 ;;\n"
+                      "esac\n")
+    script.chmod(0o755)
 
 
 class ScriptedDrafter(Drafter):
@@ -129,3 +115,24 @@ class ScriptedDrafter(Drafter):
         if self.mode == "wrong":
             tokens = (tokens + 1) % self.vocab_size
         return Draft.chain(tokens)
+
+
+def answer(tokens=5, seconds=1.0, accepted=(1, 2, 2)):
+    """A made-up Answer of ``tokens`` new tokens in ``seconds`` per turn (numbers: one turn; lists: one entry per
+    turn), each turn's steps accepting ``accepted`` tokens (the first step: the prefill)."""
+    from specbench.results.schema import Answer, StepRecord
+
+    turns = zip(tokens, seconds) if isinstance(tokens, (list, tuple)) else [(tokens, seconds)]
+    result = Answer()
+    for turn_tokens, turn_seconds in turns:
+        result.texts.append("x")
+        result.token_ids.append(list(range(turn_tokens)))
+        result.steps.append([StepRecord(i, n + 1, 1, n, 0.0, 0.01, 0.0, 10 + i, draft_depth=n + 1 if i else 0,
+                                        candidate_tokens=n + 1 if i else 0)
+                             for i, n in enumerate(accepted)])
+        result.wall_times.append(turn_seconds)
+    return result
+
+
+# ``nvidia-smi -L``'s line for one H200.
+H200 = "GPU 0: NVIDIA H200 (UUID: GPU-0f1e2d3c-0000-1111-2222-333344445555)\n"

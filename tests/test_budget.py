@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from conftest import ScriptedDrafter, greedy_reference
+from conftest import ScriptedDrafter
 
 from specbench.decoding.budget import (
     DraftBudget,
@@ -11,6 +11,7 @@ from specbench.decoding.contract import Draft
 from specbench.decoding.loop import Decoder
 from specbench.decoding.tree import chain_parents
 from specbench.settings import RunSettings
+from specbench.testing import greedy_reference
 
 
 def test_verify_cost_interpolates_extrapolates_and_learns():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPTS
+from conftest import warnings_of
 
 import specbench.artefacts.target_answers as answers_module
 from specbench.artefacts.pruned_draft import pruned_draft_directory
@@ -21,6 +21,7 @@ from specbench.errors import SpecbenchError
 from specbench.artefacts.pruned_draft import build_pruned_draft
 from specbench.targets.transformers import prune
 from specbench.artefacts.target_answers import target_answers
+from specbench.testing import PROMPTS
 
 SPEC = {"layers": 1, "selection": "first", "distill_tokens": 0, "corpus": "python-docs"}
 
@@ -45,10 +46,6 @@ def change_a_digit(data: bytearray, middle: int) -> None:
     """Another digit (never 0, so no leading zero): the line stays valid JSON of valid token ids."""
     index = next(i for i in range(middle, len(data)) if chr(data[i]).isdigit())
     data[index] = ord(str(int(chr(data[index])) % 9 + 1))
-
-
-def warnings_of(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
 
 
 def same_weights(model, reference) -> bool:

@@ -313,7 +313,7 @@ def test_datastore_problems_name_the_file_and_the_fix(tmp_path):
 
 
 def test_hd_records_which_database_supplied_the_accepted_tokens(tmp_path):
-    from conftest import SMALL_MODEL_DB
+    from specbench.testing import SMALL_MODEL_DB
 
     result = specbench(*TINY, "drafter=hd", *SMALL_MODEL_DB, "task=translation", "task.limit_per_task=1",
                        f"hydra.run.dir={tmp_path}")

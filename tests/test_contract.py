@@ -9,25 +9,17 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import SMALL_MODEL_DB, TARGET_KINDS, ScriptedDrafter, greedy_reference, target_of
+from conftest import TARGET_KINDS, ScriptedDrafter, target_of
 from hydra.utils import instantiate
 
 from specbench.config import compose, group_options
 from specbench.decoding.loop import Decoder, VerifyShapes
 from specbench.decoding.contract import Draft, Drafter
+from specbench.testing import configured_drafter, greedy_reference
 
 DRAFTERS = group_options("drafter")
 # tiny-random's other architectures (model.architecture), the Qwen2.5 and Qwen3 targets'; the tests above run its Llama.
 OTHER_ARCHITECTURES = ("qwen2", "qwen3")
-
-
-def make_drafter(name, target):
-    """The drafter as configured, but for HD's model database, built from fewer, shorter answers than its config
-    says (SMALL_MODEL_DB): that changes what it drafts, not whether the output is greedy's."""
-    overrides = SMALL_MODEL_DB if "model_db_build" in compose([f"drafter={name}"]).drafter else []
-    drafter = instantiate(compose([f"drafter={name}", "model=tiny-random", *overrides]).drafter)
-    drafter.prepare(target)
-    return drafter
 
 
 @functools.cache
@@ -47,7 +39,7 @@ def check_records(generation, drafter):
 @pytest.mark.parametrize("name", DRAFTERS)
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 64])
 def test_every_configured_drafter_matches_greedy_decoding(name, max_new_tokens, each_target, tiny, prompt_ids):
-    drafter = make_drafter(name, tiny)
+    drafter = configured_drafter(name, tiny)
     decoder = Decoder(each_target, frozenset(), max_draft_tokens=64)
     for ids in prompt_ids:
         expected = greedy_reference(tiny.weights.module, ids, max_new_tokens)
@@ -59,7 +51,7 @@ def test_every_configured_drafter_matches_greedy_decoding(name, max_new_tokens, 
 
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_eos_inside_the_output_ends_decoding_exactly_like_greedy(name, each_target, tiny, prompt_ids):
-    drafter = make_drafter(name, tiny)
+    drafter = configured_drafter(name, tiny)
     for ids in prompt_ids:
         free_run = greedy_reference(tiny.weights.module, ids, 48)
         for eos_position in (0, 5, 23):
@@ -80,7 +72,7 @@ def test_every_configured_drafter_matches_greedy_decoding_on_the_other_architect
     """The Qwen2 and Qwen3 models (biased projections, per-head norms) under every drafter: short runs to a length
     and one to an EOS inside the output."""
     target = tiny_of(architecture)
-    drafter = make_drafter(name, target)
+    drafter = configured_drafter(name, target)
     decoder = Decoder(target_of(kind, target), frozenset(), max_draft_tokens=64)
     for ids in prompt_ids:
         expected = greedy_reference(target.weights.module, ids, 24)
@@ -99,7 +91,7 @@ def test_every_configured_drafter_matches_greedy_decoding_on_the_other_architect
 
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_padding_verify_shapes_changes_nothing(name, each_target, tiny, prompt_ids):
-    drafter = make_drafter(name, tiny)
+    drafter = configured_drafter(name, tiny)
     padded = Decoder(each_target, frozenset(), 64, VerifyShapes([0, 1, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16]))
     for ids in prompt_ids:
         assert padded.generate(ids, drafter, 40).token_ids == greedy_reference(tiny.weights.module, ids, 40)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import warnings_of
 
 from specbench.datastores import suffix_automaton as sa
 from specbench.artefacts.model_database import model_db
@@ -54,10 +55,6 @@ def vocab_size(target) -> int:
 
 def encode(target, text: str) -> list[int]:
     return list(target.tokenizer.encode(text, add_special_tokens=False))
-
-
-def warnings_of(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
 
 
 def published(directory: Path) -> list[Path]:

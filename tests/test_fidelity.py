@@ -3,13 +3,13 @@ fails when specbench's config or algorithm drifts from what the original ran."""
 
 import numpy as np
 import pytest
-from conftest import greedy_reference
 
 from specbench.config import compose
 from specbench.datastores.suffix_array import TokenDatastore
 from specbench.decoding.loop import Decoder
 from specbench.drafters.draft_model import DraftModel
 from specbench.drafters.rest import RetrievalDrafter, cut_to_choices, frequent_prefix_trie
+from specbench.testing import greedy_reference
 
 PUBLISHED = {  # config -> {key: value as the original ran it}, written out from the sources (commits: fidelity.md)
     # SB evaluation/inference_pld.py:22-24 (window 3, 10 tokens), model/pld/pld.py:22 (down to 1), :33-43, :93-94

@@ -134,40 +134,41 @@ def test_the_round_trip_row_counts_synchronisations_inside_torch(monkeypatch):
     import torch
 
     from specbench.targets.transformers import TransformersTarget
+    from specbench.testing import tiny_random
 
     gpu_check = gpu_check_module()
     modes = []
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
-    download, verify = TransformersTarget._download, TransformersTarget.verify
 
     def warn():
         warnings.warn("called a synchronizing CUDA operation", UserWarning)
 
-    def warning_download(self, tensor):
-        warn()
-        return download(self, tensor)
+    class WarningTarget(TransformersTarget):
+        hidden = 0
 
-    monkeypatch.setattr(TransformersTarget, "_download", warning_download)
-    model = gpu_check.tiny(torch.device("cpu"))
+        def _download(self, tensor):
+            warn()
+            return super()._download(tensor)
+
+        def verify(self, *args, **kwargs):
+            for _ in range(self.hidden):
+                warn()
+            return super().verify(*args, **kwargs)
+
+    model = tiny_random(torch.device("cpu"))
     ids = gpu_check.random_prompt(24, 3) * 2
     verdicts = {}
     for hidden in (0, 1):
-        def warning_verify(self, *args, hidden=hidden, **kwargs):
-            for _ in range(hidden):
-                warn()
-            return verify(self, *args, **kwargs)
-
-        monkeypatch.setattr(TransformersTarget, "verify", warning_verify)
-        steps = gpu_check.count_round_trips(model, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(True))
+        target = WarningTarget(model.weights.module)
+        target.hidden = hidden
+        steps = gpu_check.count_round_trips(target, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(True))
         assert {(step["torch_syncs"], step["torch_expected"]) for step in steps[1:-1]} == {(1 + hidden, 1)}
         verdicts[hidden] = gpu_check.round_trip_verdict([("ar", steps[1:-1])])
     assert modes == ["warn", "default", "warn", "default"]
     assert verdicts[0][0] == "PASS" and "torch syncs [1]" in verdicts[0][1]
     assert verdicts[1][0] == "FAIL" and "syncs inside torch" in verdicts[1][1]
     # On a CPU nothing is counted, and the row says so
-    monkeypatch.setattr(TransformersTarget, "_download", download)
-    monkeypatch.setattr(TransformersTarget, "verify", verify)
-    steps = gpu_check.count_round_trips(model, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(False))
+    steps = gpu_check.count_round_trips(model.target, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(False))
     status, detail = gpu_check.round_trip_verdict([("ar", steps[1:-1])])
     assert status == "PASS" and "torch syncs n/a (CPU)" in detail and len(modes) == 4
 

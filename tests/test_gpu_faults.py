@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import fake_nvidia_smi
 
 from specbench.measure import gpu_memory
 from specbench.config import compose
@@ -143,15 +144,6 @@ def test_both_names_of_the_out_of_memory_error_are_caught():
 
 # --- the environment block ----------------------------------------------------------------------------------
 
-def fake_nvidia_smi(directory: Path, listing: str, driver: str) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    script = directory / "nvidia-smi"
-    script.write_text("#!/bin/sh\n"
-                      f"""case "$1" in -L) printf '%s' '{listing}' ;; --query-gpu=driver_version) echo '{driver}' ;; """
-                      "*) exit 9 ;; esac\n")
-    script.chmod(0o755)
-
-
 def fake_model(*devices: str):
     return SimpleNamespace(device=torch.device(devices[0]), devices=tuple(torch.device(d) for d in devices),
                            dtype=torch.float16, source="random:seed=0", weights_fingerprint="abc")
@@ -275,8 +267,10 @@ def _fresh_state(target) -> dict:
 
 
 def test_an_error_inside_a_verification_pass_leaves_the_target_as_a_fresh_one(tiny, prompt_ids):
-    from conftest import ScriptedDrafter, greedy_reference
+    from conftest import ScriptedDrafter
+
     from specbench.targets.transformers import TransformersTarget
+    from specbench.testing import greedy_reference
 
     target = tiny.target
     ids = prompt_ids[0]
@@ -434,7 +428,7 @@ def test_a_bfloat16_checkpoint_loads_in_bfloat16_on_a_gpu(tmp_path, monkeypatch)
 
     import json
 
-    from test_errors import save_tiny_checkpoint
+    from specbench.testing import save_tiny_checkpoint
 
     save_tiny_checkpoint(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

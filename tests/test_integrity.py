@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import warnings_of
 
 from specbench.storage.manifest import read_manifest, verify_files
 from specbench.storage.publish import replace_directory
@@ -20,6 +21,7 @@ from specbench.artefacts.model_database import model_db
 from specbench.artefacts.statistics_datastore import statistics_datastore
 from specbench.artefacts.corpus_automaton import corpus_automaton
 from specbench.errors import SpecbenchError
+from specbench.testing import save_tiny_checkpoint
 from test_datastore_caches import BUILD, cache  # noqa: F401 (a fixture)
 
 TEXT = "the cat sat on the mat. the cat sat on the hat. the dog sat on the log. a bird flew over the tree."
@@ -61,10 +63,6 @@ def swap_middle_values(file: Path) -> None:
     flat[middle], flat[other] = flat[other].copy(), flat[middle].copy()
     array.flush()
     del array, flat
-
-
-def warnings_of(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
 
 
 def published(directory: Path) -> Path:
@@ -132,23 +130,6 @@ def test_a_file_its_hash_found_whole_is_hashed_once(tmp_path, monkeypatch):
 
 
 # ---- a converted model copy ----------------------------------------------------------------------------------
-
-
-def save_tiny_checkpoint(directory: Path) -> None:
-    """A 1-layer Llama and a word-level tokenizer, saved in milliseconds: what a GGUF conversion writes."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{word: 3 + i for i, word in enumerate("a b c d e f".split())}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
 
 
 def test_a_converted_copy_damaged_in_place_is_converted_again(tmp_path, monkeypatch, caplog):

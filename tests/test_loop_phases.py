@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ScriptedDrafter, greedy_reference
+from conftest import ScriptedDrafter
 
 import specbench.decoding.loop as loop
 from specbench.decoding.contract import Draft
@@ -16,6 +16,7 @@ from specbench.decoding.loop import Decoder, FencedClock, VerifyShapes
 from specbench.targets.transformers import TransformersTarget
 from specbench.decoding.plan import plan_verification
 from specbench.decoding.sampling import Sampling
+from specbench.testing import CountingTarget, greedy_reference
 
 # Seconds of each operation: powers of two, so every sum of them is exact and tells which operations it holds.
 BEGIN, PROPOSE_HOST, PROPOSE_DEVICE, ACCEPT_HOST, ACCEPT_DEVICE = 1.0, 2.0, 4.0, 8.0, 16.0
@@ -94,14 +95,19 @@ def timed(monkeypatch, tiny):
     monkeypatch.setattr(loop, "greedy_accepted_path", charge(timeline, loop.greedy_accepted_path, WALK))
     monkeypatch.setattr(loop, "sampled_accepted_path", charge(timeline, loop.sampled_accepted_path, WALK))
     monkeypatch.setattr(TreeKVCache, "keep_nodes", charge(timeline, TreeKVCache.keep_nodes, COMPACT, on_device=True))
-    blocking_read = TransformersTarget._download
+    return timeline, TimedTarget(DeviceModel(tiny.weights.module, timeline), timeline)
 
-    def download(self, tensor):  # a device-to-host read waits for the queued work, as on a GPU
-        timeline.synchronize()
-        return blocking_read(self, tensor)
 
-    monkeypatch.setattr(TransformersTarget, "_download", download)
-    return timeline, TransformersTarget(DeviceModel(tiny.weights.module, timeline))
+class TimedTarget(TransformersTarget):
+    """The target of a DeviceModel, whose device-to-host read waits for the queued work, as on a GPU."""
+
+    def __init__(self, model, timeline):
+        super().__init__(model)
+        self.timeline = timeline
+
+    def _download(self, tensor):
+        self.timeline.synchronize()
+        return super()._download(tensor)
 
 
 class Observed:
@@ -203,34 +209,28 @@ def test_generation_keeps_the_deciding_top_tokens(tiny, prompt_ids):
 
 class RoundTrips:
     """Counts, per decoding step, what costs a GPU a round trip: synchronisations of the clock's fence, blocking
-    reads of the target's choices, uploads, and the operations that read a device scalar (``int(tensor)``,
-    ``.item()``) or need one (``nonzero``), which block on a GPU as well."""
+    reads of the target's choices and uploads (the test kit's CountingTarget around ``target``, which the decoder
+    runs), and the operations that read a device scalar (``int(tensor)``, ``.item()``) or need one (``nonzero``),
+    which block on a GPU as well."""
 
     SCALAR_READS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.item.default"}
 
-    def __init__(self, monkeypatch):
-        self.counts = {"syncs": 0, "reads": 0, "uploads": 0, "scalar_reads": 0}
+    def __init__(self, target):
+        self.target = CountingTarget(target)
+        self.counts = {"scalar_reads": 0}
         self.per_step: list[dict] = []
-        self._last = dict(self.counts)
-        download, upload = TransformersTarget._download, TransformersTarget._upload_to
+        self._last = self._all()
 
-        def counted_download(target, tensor):
-            self.counts["reads"] += 1
-            return download(target, tensor)
-
-        def counted_upload(target, array, device, role="offsets"):
-            self.counts["uploads"] += 1
-            return upload(target, array, device, role)
-
-        monkeypatch.setattr(TransformersTarget, "_download", counted_download)
-        monkeypatch.setattr(TransformersTarget, "_upload_to", counted_upload)
+    def _all(self) -> dict:
+        return {**self.target.counts, **self.counts}
 
     def synchronize(self):
-        self.counts["syncs"] += 1
+        self.target.synchronize()
 
     def on_step(self, generated, elapsed):
-        self.per_step.append({key: self.counts[key] - self._last[key] for key in self.counts})
-        self._last = dict(self.counts)
+        now = self._all()
+        self.per_step.append({key: now[key] - self._last[key] for key in now})
+        self._last = now
 
 
 def count_scalar_reads(counter):
@@ -268,11 +268,11 @@ ROUND_TRIPS = {
 
 @pytest.mark.parametrize("shape,temperature", list(ROUND_TRIPS))
 def test_round_trips_per_step_are_pinned(monkeypatch, tiny, prompt_ids, shape, temperature):
-    counter = RoundTrips(monkeypatch)
+    counter = RoundTrips(tiny.target)
     ids = prompt_ids[0]
     reference = greedy_reference(tiny.weights.module, ids, 20)
     drafter = (TreeScript if shape == "tree" else ScriptedDrafter)(reference, length=3, mode="right")
-    decoder = Decoder(tiny.target, frozenset(), 16, sampling=Sampling(temperature=temperature),
+    decoder = Decoder(counter.target, frozenset(), 16, sampling=Sampling(temperature=temperature),
                       clock=FencedClock(counter.synchronize))
     with count_scalar_reads(counter):
         generation = decoder.generate(ids, drafter, 20, on_step=counter.on_step)

@@ -3,7 +3,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import greedy_reference
 from transformers import AutoModelForCausalLM
 
 from specbench.decoding.loop import Decoder
@@ -11,6 +10,7 @@ from specbench.drafters.draft_model import DraftModel
 from specbench.errors import SpecbenchError
 from specbench.artefacts.pruned_draft import build_pruned_draft
 from specbench.targets.transformers import prune
+from specbench.testing import greedy_reference
 from specbench.training.pruning import distill, select_layers, token_blocks
 
 

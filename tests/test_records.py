@@ -2,6 +2,7 @@ import json
 
 import pandas as pd
 import pytest
+from conftest import answer
 
 from specbench.questions import Prompt
 from specbench.errors import SpecbenchError
@@ -10,19 +11,6 @@ from specbench.results.console import format_summary_table, violation_report
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import SCHEMA_VERSION, STEP_COLUMNS, Answer, StepRecord
 from specbench.results.summary import summarize
-
-
-def answer(tokens_per_turn, seconds_per_turn, accepted):
-    result = Answer()
-    for tokens, seconds in zip(tokens_per_turn, seconds_per_turn):
-        result.texts.append("x")
-        result.token_ids.append(list(range(tokens)))
-        steps = [StepRecord(i, n + 1, 1, n, 0.0, 0.01, 0.0, 10 + i, draft_depth=n + 1 if i else 0,
-                            candidate_tokens=n + 1 if i else 0)
-                 for i, n in enumerate(accepted)]
-        result.steps.append(steps)
-        result.wall_times.append(seconds)
-    return result
 
 
 def record(question_id, task, tokens, seconds, accepted, identical=True, category=None, mismatch=None):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import refusal, target_of
-from test_contract import DRAFTERS, make_drafter
+from test_contract import DRAFTERS
+from specbench.testing import configured_drafter
 
 from specbench.decoding.contract import Draft
 from specbench.decoding.loop import Decoder
@@ -68,7 +69,7 @@ def test_every_drafter_takes_the_same_steps_through_both_targets(name, tiny, pro
     stand in for the cached one in any record."""
     runs = {}
     for kind in ("transformers", "reference"):
-        drafter = make_drafter(name, tiny)  # a fresh one each: some learn across questions (Token Recycling's matrix)
+        drafter = configured_drafter(name, tiny)  # a fresh one each: some learn across questions (Token Recycling's matrix)
         generation = Decoder(target_of(kind, tiny), frozenset(), 64).generate(prompt_ids[2], drafter, 24)
         runs[kind] = (generation.token_ids,
                       [(step.draft_tokens, step.accepted_tokens, step.verify_tokens) for step in generation.steps])

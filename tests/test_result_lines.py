@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import answer
 
 from specbench.storage.manifest import file_digest
 from specbench.questions import Prompt
@@ -28,14 +29,6 @@ from specbench.results.steps_file import read_steps_file
 
 SETTINGS = {"model": "m", "drafter": {"name": "pld"}}
 BIG = 2**70  # beyond int64: no Arrow integer column holds it
-
-
-def answer(tokens=5, seconds=1.0, accepted=(1, 2, 2)):
-    result = Answer(texts=["x"], token_ids=[list(range(tokens))], wall_times=[seconds])
-    result.steps = [[StepRecord(i, n + 1, 1, n, 0.0, 0.01, 0.0, 10 + i, candidate_tokens=n + 1 if i else 0,
-                                draft_depth=n + 1 if i else 0)
-                     for i, n in enumerate(accepted)]]
-    return result
 
 
 def add_question(run_dir: RunDirectory, question_id, seconds=1.0):

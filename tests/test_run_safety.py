@@ -416,20 +416,20 @@ def test_the_meter_sees_another_process_spinning_a_core():
     assert busy >= 0.6
 
 
-def answer(question_id, tokens, seconds, other_cores=None):
+def answer_line(question_id, tokens, seconds, other_cores=None):
     return {"question_id": question_id, "choices": [{"new_tokens": [tokens], "wall_time": [seconds]}],
             "specbench": {"contention": {"other_cores": other_cores}}}
 
 
 def test_a_run_on_a_busy_machine_is_flagged_in_summary_and_table():
     check = TimingCheck(threads=2, usable_cores=2, other_load_at_start=0.0)
-    quiet = [answer(q, 100, 4.0, 0.1) for q in (1, 2, 3)]
+    quiet = [answer_line(q, 100, 4.0, 0.1) for q in (1, 2, 3)]
     assert check.report(quiet, quiet) == {"trustworthy": True, "warnings": [], "threads": 2, "usable_cores": 2,
                                           "other_load": 0.0}
-    busy = [*quiet, answer(4, 100, 4.0, 1.0)]
+    busy = [*quiet, answer_line(4, 100, 4.0, 1.0)]
     report = check.report(busy, busy)
     assert not report["trustworthy"] and report["warnings"] == ["question 4: other processes kept 1.0 of 2 cores busy"]
-    collapsed = [*quiet, answer(5, 100, 200.0, 0.1)]  # AR at 0.5 tok/s against 25
+    collapsed = [*quiet, answer_line(5, 100, 200.0, 0.1)]  # AR at 0.5 tok/s against 25
     assert "question 5: AR ran at 0.5 tok/s" in check.report(quiet, collapsed)["warnings"][0]
     started_busy = TimingCheck(threads=2, usable_cores=2, other_load_at_start=1.0).report(quiet, quiet)
     assert "at start other processes kept 1.0 of 2 cores busy" in started_busy["warnings"][0]

@@ -15,8 +15,8 @@ import specbench.decoding.loop as loop_module
 from specbench.config import compose, group_options
 from specbench.decoding.loop import Decoder
 from specbench.decoding.sampling import Sampling, target_distribution
+from specbench.testing import SMALL_MODEL_DB
 
-from conftest import SMALL_MODEL_DB
 
 SAMPLES = 2000
 LENGTH = 3

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import one_line
 from safetensors import SafetensorError
 
 from specbench.storage import run_lock as runlock
@@ -38,12 +39,6 @@ FULL_SAFETENSORS = "Error while serializing: I/O error: No space left on device 
 
 def refused(code: int, path=None) -> OSError:
     return OSError(code, os.strerror(code), None if path is None else str(path))
-
-
-def one_line(caught) -> str:
-    message = str(caught.value)
-    assert "\n" not in message, message
-    return message
 
 
 def listing(directory: Path) -> list[str]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ScriptedDrafter, greedy_reference
+from conftest import ScriptedDrafter
 
 from specbench.decoding.contract import Draft
 from specbench.decoding.loop import Decoder
 from specbench.decoding.plan import plan_verification, verification_inputs
 from specbench.targets.transformers import TransformersTarget, cache_keyword
+from specbench.testing import greedy_reference
 
 
 def test_the_cache_goes_under_the_keyword_the_model_takes(tiny):

@@ -9,7 +9,6 @@ answer as an assistant turn, the generation prompt and the template's keywords.
 
 import pytest
 import torch
-from conftest import greedy_reference
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -20,6 +19,7 @@ from specbench.errors import SpecbenchError
 from specbench.targets.transformers import parameter_count
 from specbench.models.tiny import tiny_parameter_count
 from specbench.models.prompt_format import ChatTemplate
+from specbench.testing import greedy_reference
 
 NEW_MODELS = {  # config -> (hub id, prompt format, family)
     "llama3.1-8b-instruct": ("meta-llama/Llama-3.1-8B-Instruct", "chat_template", "llama3.1"),

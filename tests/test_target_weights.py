@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import greedy_reference
+from specbench.testing import greedy_reference
 
 from specbench.targets.transformers import (TransformersWeights, dense_state_dict, parameter_count,
                                             weights_fingerprint)

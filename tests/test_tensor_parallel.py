@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_MODEL_DB
 
 from specbench.config import compose, group_options
+from specbench.testing import SMALL_MODEL_DB
 
 DRAFTERS = group_options("drafter")
 MODEL_DB_DRAFTERS = [name for name in DRAFTERS if "model_db_build" in compose([f"drafter={name}"]).drafter]

@@ -64,7 +64,7 @@ def test_every_run_key_has_cases():
     import dataclasses
 
     assert set(RUN_VALUES) >= {field.name for field in dataclasses.fields(RunSettings)} - {
-        "linear_backend", "device"}  # strings checked by the loaders (test_errors.py)
+        "linear_backend", "device"}  # strings checked by the loaders (test_devices.py)
 
 
 def test_threads_beyond_the_usable_cores_are_refused_naming_the_cores():

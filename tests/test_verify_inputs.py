@@ -6,11 +6,11 @@ only where they happen to matter, and a greedy run stays lossless as long as the
 right. So the pass's inputs are pinned directly, recorded by a Target that wraps the tiny model's."""
 
 import torch
-from conftest import greedy_reference
 
 from specbench.decoding.contract import Draft, Drafter
 from specbench.decoding.loop import Decoder
 from specbench.decoding.target import Target
+from specbench.testing import greedy_reference
 
 
 class RecordingTarget(Target):

@@ -3,7 +3,6 @@ import random
 
 import numpy as np
 import pytest
-from conftest import greedy_reference
 
 from specbench.datastores.ngram_pool import NGramPool
 from specbench.datastores.suffix_array import TokenDatastore
@@ -16,6 +15,7 @@ from specbench.drafters.jacobi import JacobiWindow
 from specbench.drafters.lookahead import Lookahead
 from specbench.drafters.rest import RetrievalDrafter
 from specbench.errors import SpecbenchError
+from specbench.testing import greedy_reference
 
 
 def test_window_is_laid_out_as_lades_with_the_root_as_column_zero():
