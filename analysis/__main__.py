@@ -39,7 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specbench.errors import reporting_user_errors  # standard library only
+from specbench.reporting import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the second of importing pandas and matplotlib too.

@@ -16,7 +16,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from specbench.errors import reporting_user_errors  # standard library only
+from specbench.reporting import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.

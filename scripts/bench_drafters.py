@@ -27,7 +27,7 @@ import logging
 import sys
 from pathlib import Path
 
-from specbench.errors import reporting_user_errors  # standard library only
+from specbench.reporting import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.errors import reporting_user_errors  # noqa: E402
+from specbench.reporting import reporting_user_errors  # noqa: E402
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 MEASURED_ID = "layout-measurements"

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specbench.storage.cache import cache_root  # noqa: E402
-from specbench.errors import reporting_user_errors  # noqa: E402
+from specbench.reporting import reporting_user_errors  # noqa: E402
 from specbench.decoding.contract import Draft, StepOutcome  # noqa: E402
 from specbench.drafters.suffix import SuffixDecoding, _children, match_ends, speculate  # noqa: E402
 

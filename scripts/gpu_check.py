@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from specbench.errors import reporting_user_errors  # noqa: E402  # standard library only
+from specbench.reporting import reporting_user_errors  # noqa: E402  # standard library only
 from specbench.interrupts import Interrupts  # noqa: E402
 
 # Ctrl-C is one line and exit status 130 from here on, during the imports below (seconds) too.

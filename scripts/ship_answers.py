@@ -18,7 +18,7 @@ import platform
 import sys
 from pathlib import Path
 
-from specbench.errors import reporting_user_errors  # standard library only
+from specbench.reporting import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 _interrupts = Interrupts("ship_answers: interrupted before it started",

@@ -27,7 +27,8 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from specbench.config import register_resolvers  # noqa: E402
-from specbench.errors import SpecbenchError, config_error_line, user_error_line  # noqa: E402
+from specbench.errors import SpecbenchError, config_error_line
+from specbench.reporting import user_error_line  # noqa: E402
 from specbench.storage.atomic import write_atomically  # noqa: E402
 from specbench.storage.refusal import os_error_of, raise_refusal, refusal_of, storage_refusal  # noqa: E402
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
 
 USER_ERROR = 2  # the exit status of every error a user can cause, from every entry point and script
 
@@ -51,44 +49,3 @@ def config_error_line(error: BaseException) -> str | None:
             and str(cause) not in text:
         text += f" ({cause})"
     return " ".join(text.split())
-
-
-def user_error_line(error: BaseException) -> str | None:
-    """The one line for ``error`` if the user's input or environment caused it: a SpecbenchError, a config the
-    composer refused, a write the filesystem refused wherever it was raised (a full disk inside torch's, numpy's
-    or pyarrow's save; a cache path through a file), naming the path where the error does; None for a bug, which
-    keeps its traceback."""
-    if isinstance(error, SpecbenchError):
-        return str(error)
-    line = config_error_line(error)
-    if line is not None:
-        return line
-    # At call time: storage.refusal builds its one line as a SpecbenchError, so it imports this module.
-    from specbench.storage.refusal import refusal_in_chain
-
-    refusal = refusal_in_chain(error)
-    return None if refusal is None else str(refusal)
-
-
-def reporting_user_errors(program: str, main: Callable) -> Callable:
-    """``main`` that ends with ``program: error: <one line>`` on stderr and exit status USER_ERROR for every error
-    ``user_error_line`` recognises, and lets any other exception (a bug, an interrupt) through. Every entry point
-    and script wraps its main in it (tests/test_errors.py lists them)::
-
-        sys.exit(interrupts.run(reporting_user_errors("build_datastore", main)))
-    """
-
-    @functools.wraps(main)
-    def reporting(*args, **kwargs):
-        try:
-            return main(*args, **kwargs)
-        except Exception as error:
-            from specbench.interrupts import follows_interrupt
-
-            line = None if follows_interrupt(error) else user_error_line(error)
-            if line is None:
-                raise
-            print(f"{program}: error: {line}", file=sys.stderr)
-            sys.exit(USER_ERROR)
-
-    return reporting

@@ -21,7 +21,7 @@ import argparse
 import logging
 import sys
 
-from specbench.errors import reporting_user_errors  # standard library only
+from specbench.reporting import reporting_user_errors  # standard library only
 from specbench.interrupts import Interrupts
 
 USER_ERROR = 2

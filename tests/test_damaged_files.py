@@ -292,8 +292,8 @@ def test_damaged_cached_answers_are_one_line(tmp_path, kind):
 
 @pytest.fixture(scope="module")
 def head(tiny, tmp_path_factory):
-    from specbench.models.eagle_head_files import save_eagle_head
-    from specbench.models.eagle_heads import build_head, head_config_for
+    from specbench.heads.eagle_head_files import save_eagle_head
+    from specbench.heads.eagle_heads import build_head, head_config_for
 
     torch.manual_seed(0)
     model_head = build_head(head_config_for(tiny, "eagle"), tiny.weights.module.get_output_embeddings(),
@@ -307,7 +307,7 @@ def head(tiny, tmp_path_factory):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", ["config.json", "weights"])
 def test_a_damaged_head_is_one_line(tiny, head, tmp_path, name, kind):
-    from specbench.models.eagle_head_files import WEIGHT_FILES, load_eagle_head
+    from specbench.heads.eagle_head_files import WEIGHT_FILES, load_eagle_head
 
     copy = tmp_path / "head"
     shutil.copytree(head, copy)

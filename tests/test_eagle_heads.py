@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specbench.errors import SpecbenchError
-from specbench.models import eagle_head_files
-from specbench.models.eagle_head_files import load_eagle_head, save_eagle_head
-from specbench.models.eagle_heads import HeadConfig, build_head, draft_offsets, head_config_for, rotary_inverse_frequencies
+from specbench.heads import eagle_head_files
+from specbench.heads.eagle_head_files import load_eagle_head, save_eagle_head
+from specbench.heads.eagle_heads import HeadConfig, build_head, draft_offsets, head_config_for, rotary_inverse_frequencies
 from specbench.models.tiny import build_tiny_random
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -429,10 +429,10 @@ def test_d2t_outside_the_target_vocabulary(target, tmp_path):
 
 
 def test_hub_id_offline_and_not_cached(target, monkeypatch):
-    from specbench.models import hub
+    from specbench import hub_cache
 
-    monkeypatch.setattr(hub, "_cached_snapshot", lambda hub_id, revision: None)
-    monkeypatch.setattr(hub, "_hub_reachable", lambda *args, **kwargs: False)
+    monkeypatch.setattr(hub_cache, "cached_snapshot", lambda hub_id, revision: None)
+    monkeypatch.setattr(hub_cache, "hub_reachable", lambda *args, **kwargs: False)
     refusal(lambda: load_eagle_head(target, "someone/EAGLE3-missing", "eagle3"), "not in the local Hugging Face cache",
             "`hf download someone/EAGLE3-missing`", "drafter.head.path=")
 

@@ -1,4 +1,4 @@
-"""The one-line errors of every entry point and script (errors.reporting_user_errors): a user's error inside a
+"""The one-line errors of every entry point and script (reporting.reporting_user_errors): a user's error inside a
 library (a config the composer cannot find, a path through a file, a full disk) is one line and exit 2 from any
 script, a bug keeps its traceback. The other subjects once here have files of their own: test_settings.py,
 test_questions.py, test_hub.py, test_devices.py, test_config_keys.py, test_setup.py."""
@@ -70,7 +70,7 @@ class FullDisk(io.RawIOBase):
 def test_a_users_error_inside_a_library_is_one_line_and_exit_2(tmp_path, capsys, cause, expected):
     import torch
 
-    from specbench.errors import reporting_user_errors
+    from specbench.reporting import reporting_user_errors
 
     cache = tmp_path / "cache"
     cache.write_text("")
@@ -95,7 +95,7 @@ def test_a_users_error_inside_a_library_is_one_line_and_exit_2(tmp_path, capsys,
 
 
 def test_a_bug_keeps_its_traceback_through_the_one_line_errors():
-    from specbench.errors import reporting_user_errors
+    from specbench.reporting import reporting_user_errors
 
     def main():
         raise KeyError("a bug")

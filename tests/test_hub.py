@@ -22,11 +22,11 @@ def truncate(file: Path) -> None:
 
 
 def test_an_empty_model_path_is_refused(monkeypatch):
-    from specbench.models import hub
+    from specbench import hub_cache
     from specbench.run.instantiate import build
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # before the fix this fell through to the hub id: never download
-    monkeypatch.setattr(hub, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(hub_cache, "hub_reachable", lambda: False)
     with pytest.raises(SpecbenchError, match="'vicuna-7b': its path is empty") as error:
         build(compose(["model=vicuna-7b", "model.path="]).model, device="cpu", linear_backend="auto")
     assert "lmsys/vicuna-7b-v1.3" in one_line(error)
@@ -70,6 +70,7 @@ def test_a_truncated_safetensors_file_is_named(tmp_path):
 def test_a_truncated_file_in_the_hub_cache_is_named(tmp_path, monkeypatch):
     import huggingface_hub
 
+    from specbench import hub_cache
     from specbench.models import hub, load_pretrained
 
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -78,7 +79,7 @@ def test_a_truncated_file_in_the_hub_cache_is_named(tmp_path, monkeypatch):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(hub, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(hub_cache, "hub_reachable", lambda: False)
     loaded = load_pretrained("tiny-hub", hub_id="specbench-test/tiny", device="cpu", prompt_format="plain")
     assert loaded.model.config.num_hidden_layers == 1
     truncate(weights)

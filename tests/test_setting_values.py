@@ -151,8 +151,8 @@ BAD_HEAD_REALS = [math.inf, math.nan, "1e-5", True, 0, None]
 @pytest.fixture(scope="module")
 def head_directory(tiny, tmp_path_factory):
     """A tiny EAGLE head (random weights) for the tiny random target, saved in EAGLE's format."""
-    from specbench.models.eagle_head_files import save_eagle_head
-    from specbench.models.eagle_heads import build_head, head_config_for
+    from specbench.heads.eagle_head_files import save_eagle_head
+    from specbench.heads.eagle_heads import build_head, head_config_for
 
     torch.manual_seed(0)
     head = build_head(head_config_for(tiny, "eagle"), tiny.weights.module.get_output_embeddings(),
@@ -179,7 +179,7 @@ def damaged_head(head_directory, tmp_path, key, value):
 @pytest.mark.parametrize("value", BAD_HEAD_COUNTS, ids=repr)
 @pytest.mark.parametrize("key", HEAD_COUNTS)
 def test_a_bad_head_count_is_refused_naming_the_key(head_directory, tmp_path, key, value):
-    from specbench.models.eagle_head_files import load_eagle_head
+    from specbench.heads.eagle_head_files import load_eagle_head
 
     if value is None and key in ("num_key_value_heads", "head_dim"):
         pytest.skip("null: the head's own default (all heads; hidden_size / heads)")
@@ -191,7 +191,7 @@ def test_a_bad_head_count_is_refused_naming_the_key(head_directory, tmp_path, ke
 @pytest.mark.parametrize("value", BAD_HEAD_REALS, ids=repr)
 @pytest.mark.parametrize("key", HEAD_REALS)
 def test_a_bad_head_real_is_refused_naming_the_key(head_directory, tmp_path, key, value):
-    from specbench.models.eagle_head_files import load_eagle_head
+    from specbench.heads.eagle_head_files import load_eagle_head
 
     if value is None and key == "rope_theta":
         pytest.skip("null: EAGLE's default rotary base")
@@ -202,7 +202,7 @@ def test_a_bad_head_real_is_refused_naming_the_key(head_directory, tmp_path, key
 
 @pytest.mark.parametrize("factor", [math.inf, math.nan, "2", True, 0, -1])
 def test_a_bad_rope_scaling_factor_is_refused(head_directory, tmp_path, factor):
-    from specbench.models.eagle_head_files import load_eagle_head
+    from specbench.heads.eagle_head_files import load_eagle_head
 
     target, directory = damaged_head(head_directory, tmp_path, "rope_scaling", {"type": "linear", "factor": factor})
     message = refusal(load_eagle_head, target, str(directory), "eagle")
@@ -210,7 +210,7 @@ def test_a_bad_rope_scaling_factor_is_refused(head_directory, tmp_path, factor):
 
 
 def test_the_head_loads_with_its_own_values(head_directory):
-    from specbench.models.eagle_head_files import load_eagle_head
+    from specbench.heads.eagle_head_files import load_eagle_head
 
     target, directory = head_directory
     assert load_eagle_head(target, str(directory), "eagle") is not None
@@ -219,8 +219,8 @@ def test_the_head_loads_with_its_own_values(head_directory):
 @pytest.fixture(scope="module")
 def eagle3_head_directory(tiny, tmp_path_factory):
     """A tiny EAGLE-3 head (random weights, its own full vocabulary) reading layers 0, 1, 1 of the 2-layer target."""
-    from specbench.models.eagle_head_files import save_eagle_head
-    from specbench.models.eagle_heads import build_head, head_config_for
+    from specbench.heads.eagle_head_files import save_eagle_head
+    from specbench.heads.eagle_heads import build_head, head_config_for
 
     torch.manual_seed(0)
     head = build_head(head_config_for(tiny, "eagle3", feature_layers=(0, 1, 1)),
@@ -234,7 +234,7 @@ def eagle3_head_directory(tiny, tmp_path_factory):
 @pytest.mark.parametrize("value", [math.inf, math.nan, 64.5, "64", True, 0], ids=repr)
 @pytest.mark.parametrize("key", ["draft_vocab_size", "target_hidden_size"])
 def test_a_bad_eagle3_head_count_is_refused_naming_the_key(eagle3_head_directory, tmp_path, key, value):
-    from specbench.models.eagle_head_files import load_eagle_head
+    from specbench.heads.eagle_head_files import load_eagle_head
 
     target, directory = eagle3_head_directory
     assert load_eagle_head(target, str(directory), "eagle3") is not None

@@ -281,6 +281,7 @@ def _word_tokenizer():
 def test_a_full_hugging_face_cache_while_downloading_is_not_called_offline(tmp_path, monkeypatch):
     import transformers
 
+    from specbench import hub_cache
     from specbench.models import hub
 
     def load(*args, local_files_only, **kwargs):
@@ -289,7 +290,7 @@ def test_a_full_hugging_face_cache_while_downloading_is_not_called_offline(tmp_p
         raise refused(errno.ENOSPC, tmp_path / "hub" / "model.safetensors")
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(hub, "_hub_reachable", lambda: True)
+    monkeypatch.setattr(hub_cache, "hub_reachable", lambda: True)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", load)
     with pytest.raises(SpecbenchError) as caught:
         hub.load_pretrained("tiny-hub", hub_id="specbench-test/tiny", device="cpu")

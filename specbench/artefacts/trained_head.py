@@ -143,7 +143,7 @@ def load_trained_head(target, directory: Path, kind: str, rebuild: str):
     """The published head at ``directory``, found whole first (every file of the size, and when its times changed
     the SHA-256, that its manifest.json recorded), then loaded strictly by ``load_eagle_head``, which checks it
     fits ``target``. Anything wrong is a one-line SpecbenchError ending in ``rebuild``."""
-    from specbench.models.eagle_head_files import load_eagle_head
+    from specbench.heads.eagle_head_files import load_eagle_head
 
     manifest = read_manifest(directory, f"trained {kind} head", rebuild)
     problem = verify_files(directory, manifest)
@@ -185,7 +185,7 @@ def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: floa
     a manifest of the recipe, the data's sizes, the losses, the held-out acceptance and the seconds; return the
     manifest. An interrupted build resumes from its checkpoint beside ``directory`` (see the module docstring).
     ``checkpoint_s`` and ``on_step`` are for tests, not part of the recipe."""
-    from specbench.models.eagle_head_files import save_eagle_head
+    from specbench.heads.eagle_head_files import save_eagle_head
 
     started = time.perf_counter()
     directory = Path(directory)

@@ -216,7 +216,7 @@ class Eagle(Drafter):
         return list(self._cached(target).values())
 
     def prepare(self, target, sampling=None) -> None:
-        from specbench.models.eagle_head_files import load_eagle_head
+        from specbench.heads.eagle_head_files import load_eagle_head
 
         spec = self._spec_for(target)
         if "trained" in spec:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from specbench.storage.refusal import refusal_of
+from specbench import hub_cache
 from specbench.errors import SpecbenchError
 from specbench.models.devices import checkpoint_dtype, resolve_device, resolve_dtype
 from specbench.models.loaded import LoadedModel, finish_loading
@@ -77,12 +78,12 @@ def load_pretrained(
                 raise SpecbenchError(f"model.path={path} holds no model ({missing}); {CHECKPOINT_FILES}") from error
             raise SpecbenchError(_unloadable_message(f"model.path={path}", Path(source), error)) from error
         if not isinstance(error, OSError):  # OSError: not in the cache; anything else may be a damaged copy
-            snapshot = _cached_snapshot(hub_id, revision)
+            snapshot = hub_cache.cached_snapshot(hub_id, revision)
             if snapshot is None or not _damaged_weight_files(snapshot):
                 raise
             advice = f"download it again: `hf download {hub_id} --force-download`"
             raise SpecbenchError(_unloadable_message(f"model {name!r} ({hub_id})", snapshot, error, advice)) from error
-        if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
+        if os.environ.get("HF_HUB_OFFLINE") == "1" or not hub_cache.hub_reachable():
             raise SpecbenchError(_unavailable_message(name, hub_id)) from error
         log.info("%s is not in the local Hugging Face cache; downloading %s", name, hub_id)
         try:
@@ -146,36 +147,10 @@ def _damaged_weight_files(directory: Path) -> list[tuple[Path, Exception]]:
     return damaged
 
 
-def _cached_snapshot(hub_id: str, revision: str | None) -> Path | None:
-    """The directory of a hub model's files in the local Hugging Face cache, or None."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(hub_id, revision=revision, local_files_only=True))
-    except Exception:  # not cached, or the cache is unreadable: nothing to point at
-        return None
-
-
 def _one_line(error: Exception, limit: int = 300) -> str:
     text = " ".join(str(error).split())
     text = text if len(text) <= limit else text[:limit - 3] + "..."
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _hub_reachable(timeout_s: float = 5.0) -> bool:
-    """Whether a TCP connection to the hub opens quickly; the hub client itself retries for a minute or more
-    before giving up, which is no way to learn that a machine is offline."""
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    endpoint = urlparse(constants.ENDPOINT)
-    try:
-        with socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def _unavailable_message(name: str, hub_id: str) -> str:

@@ -585,7 +585,7 @@ def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Re
 def new_head(target, kind: str, recipe: Recipe):
     """A randomly initialised head (seeded by the recipe) shaped like ``target``'s layers, reading its feature layers
     (resolved, so the checkpoint names them), on the host in float32."""
-    from specbench.models.eagle_heads import build_head, head_config_for, resolve_feature_layers
+    from specbench.heads.eagle_heads import build_head, head_config_for, resolve_feature_layers
 
     vocab = recipe.draft_vocab_size if kind == "eagle3" else None
     if vocab is not None and vocab >= target.vocab_size:

@@ -6,7 +6,7 @@ Formats: ``eagle`` (EAGLE-1's ``pytorch_model.bin``), ``eagle3`` (EAGLE-3's ``mo
 verifier). Loading is strict: EAGLE's own loader (``strict=False``) leaves a misnamed weight random, which then
 silently accepts nothing. A head is only as good as its fit to the target, so the loader checks that fit and says
 which head and which target disagree, and on what. The head modules themselves are in
-``specbench.models.eagle_heads``.
+``specbench.heads.eagle_heads``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 from specbench.errors import SpecbenchError, damage_reason
 from specbench.storage.atomic import write_atomically
 from specbench.storage.refusal import refusing_writes
-from specbench.models.eagle_heads import (
+from specbench.heads.eagle_heads import (
     DEFAULT_RMS_NORM_EPS,
     DEFAULT_ROPE_THETA,
     DRAFTERS_OF_KIND,
@@ -133,15 +133,15 @@ def _head_directory(source: str, revision: str | None) -> Path:
     if source.startswith(("/", ".", "~")) or path.exists() or source.count("/") != 1:
         raise SpecbenchError(f"EAGLE head {source} is not a directory holding a head checkpoint, nor a hub id "
                              f"(owner/name)")
-    from specbench.models.hub import _cached_snapshot, _hub_reachable
+    from specbench import hub_cache
 
-    cached = _cached_snapshot(source, revision)
+    cached = hub_cache.cached_snapshot(source, revision)
     if cached is not None:
         return cached
     unavailable = (f"EAGLE head {source} is not in the local Hugging Face cache and the hub is unreachable; "
                    f"download it where the hub can be reached (`hf download {source}`) or pass "
                    f"drafter.head.path=/dir/of/head")
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or not hub_cache.hub_reachable():
         raise SpecbenchError(unavailable)
     from huggingface_hub import snapshot_download
 

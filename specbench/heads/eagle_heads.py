@@ -13,7 +13,7 @@ A head is one Llama-style decoder layer that reads the target's hidden states an
   maps back to target ids by offset (``target_id = draft_id + d2t[draft_id]``).
 
 Reading, checking and writing head directories in the three formats (``eagle``, ``eagle3``, ``speculators``) is
-``specbench.models.eagle_head_files``'s job.
+``specbench.heads.eagle_head_files``'s job.
 """
 
 from __future__ import annotations
