@@ -18,6 +18,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from specbench.errors import SpecbenchError  # noqa: E402  # standard library only
+from specbench.reporting import reporting_user_errors  # noqa: E402
+
 PACKAGE = "specbench"
 
 
@@ -160,12 +167,12 @@ def measure(root: Path) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
+    parser.add_argument("--root", type=Path, default=ROOT,
                         help="the checkout to measure (default: this one)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     if not (args.root / PACKAGE).is_dir():
-        sys.exit(f"structure: {args.root} holds no {PACKAGE}/ package; pass --root a checkout of specbench")
+        raise SpecbenchError(f"{args.root} holds no {PACKAGE}/ package; pass --root a checkout of specbench")
     figures = measure(args.root)
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -184,4 +191,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(reporting_user_errors("structure", main)())

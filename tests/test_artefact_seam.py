@@ -55,14 +55,14 @@ def test_datastores_import_nothing_above_them():
 def test_the_artefacts_import_no_drafter_runner_or_entry_point():
     """Builders sit below the drafters that name them and the runs that load them."""
     assert upward_imports("artefacts", ("specbench.artefacts", "specbench.storage", "specbench.errors",
-                                        "specbench.datastores", "specbench.training", "specbench.models",
+                                        "specbench.datastores", "specbench.training", "specbench.heads",
                                         "specbench.questions")) == []
 
 
 def test_the_training_algorithms_know_nothing_of_the_cache():
     """Pruning, distillation and the EAGLE training loop are given their data; what is cached, and how, is the
     artefacts' business."""
-    assert upward_imports("training", ("specbench.training", "specbench.models", "specbench.storage",
+    assert upward_imports("training", ("specbench.training", "specbench.heads", "specbench.storage",
                                        "specbench.errors")) == []
 
 

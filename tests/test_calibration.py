@@ -19,7 +19,7 @@ LATENCIES = {1: 0.010, 2: 0.030, 3: 0.028, 4: 0.012, 5: 0.040}
 
 
 def test_calibration_returns_the_policy_and_leaves_the_decoder_alone(tiny, prompt_ids):
-    decoder = Decoder(tiny.backend, frozenset(), 4)
+    decoder = Decoder(tiny.target, frozenset(), 4)
     settings = RunSettings(verify_padding="auto", draft_budget="auto", verify_padding_max=5)
     latencies, policy = calibrate(settings, tiny, decoder, prompt_ids[0], measured=LATENCIES)
     assert latencies == LATENCIES
@@ -44,8 +44,8 @@ def test_padding_alone_brings_no_budget_and_nothing_on_measures_nothing(tiny, pr
 
 def test_a_decoder_following_a_padding_policy_gives_the_same_answer(tiny, prompt_ids):
     prompt_ids = prompt_ids[0]
-    plain = Decoder(tiny.backend, frozenset(), 4).generate(prompt_ids, NoDraft(), 12)
-    padded = Decoder(tiny.backend, frozenset(), 4)
+    plain = Decoder(tiny.target, frozenset(), 4).generate(prompt_ids, NoDraft(), 12)
+    padded = Decoder(tiny.target, frozenset(), 4)
     padded.use_policy(DecodePolicy(verify_shapes=VerifyShapes([0, 3, 3, 3])))
     generation = padded.generate(prompt_ids, NoDraft(), 12)
     assert generation.token_ids == plain.token_ids
@@ -54,7 +54,7 @@ def test_a_decoder_following_a_padding_policy_gives_the_same_answer(tiny, prompt
 
 def test_the_run_records_what_it_measured_and_a_resumed_run_reuses_it(tiny, prompt_ids, tmp_path, monkeypatch):
     prompt_ids = prompt_ids[0]
-    decoder = Decoder(tiny.backend, frozenset(), 4)
+    decoder = Decoder(tiny.target, frozenset(), 4)
     measured = []
     monkeypatch.setattr(decoder, "measure_verify_latency",
                         lambda ids, sizes, repeats: measured.append(sizes) or {size: LATENCIES[size] for size in sizes})
@@ -65,7 +65,7 @@ def test_the_run_records_what_it_measured_and_a_resumed_run_reuses_it(tiny, prom
         "latency_s": {str(size): LATENCIES[size] for size in measured[0]},
         "pad_to": {"2": 4, "3": 4}, "context_len": len(prompt_ids)}
     assert decoder.verify_shapes.padded(2) == 4
-    resumed = Decoder(tiny.backend, frozenset(), 4)
+    resumed = Decoder(tiny.target, frozenset(), 4)
     monkeypatch.setattr(resumed, "measure_verify_latency", lambda *args, **kwargs: 1 / 0)  # must not measure
     calibrate_run(settings, tiny, resumed, prompt_ids, tmp_path, Processes())
     assert resumed.verify_shapes.pad_to == decoder.verify_shapes.pad_to

@@ -58,7 +58,7 @@ def test_a_truncated_safetensors_file_is_named(tmp_path):
 
     weights = save_tiny_checkpoint(tmp_path / "ckpt")
     loaded = load_pretrained("tiny-ckpt", path=str(tmp_path / "ckpt"), device="cpu", prompt_format="plain")
-    assert loaded.model.config.num_hidden_layers == 1  # whole, the checkpoint loads: truncation is the only fault
+    assert loaded.weights.architecture["num_hidden_layers"] == 1  # whole, the checkpoint loads: truncation is the only fault
     truncate(weights)
     with pytest.raises(SpecbenchError) as error:
         load_pretrained("tiny-ckpt", path=str(tmp_path / "ckpt"), device="cpu", prompt_format="plain")
@@ -81,7 +81,7 @@ def test_a_truncated_file_in_the_hub_cache_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(hub_cache, "hub_reachable", lambda: False)
     loaded = load_pretrained("tiny-hub", hub_id="specbench-test/tiny", device="cpu", prompt_format="plain")
-    assert loaded.model.config.num_hidden_layers == 1
+    assert loaded.weights.architecture["num_hidden_layers"] == 1
     truncate(weights)
     with pytest.raises(SpecbenchError) as error:
         load_pretrained("tiny-hub", hub_id="specbench-test/tiny", device="cpu", prompt_format="plain")

@@ -52,3 +52,12 @@ def test_two_folders_leaning_on_each_other_are_a_folder_cycle_without_a_module_c
     figures = structure().measure(root)
     assert figures["import_cycles"] == []
     assert figures["folder_cycles"] == [["specbench.answers", "specbench.stores"]]
+
+
+def test_a_root_without_the_package_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "structure.py"), "--root", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"structure: error: {tmp_path} holds no specbench/ package; pass --root a checkout of specbench")
