@@ -39,6 +39,33 @@ def target_of(kind: str, loaded):
     return {"transformers": TransformersTarget, "reference": ReferenceTarget}[kind](loaded.weights.module)
 
 
+# The reference Target runs the whole context again at every pass: over it, the default suite decodes every drafter
+# at one length (64 tokens) and runs the short scripted contract tests; its variants of the long ones (the other
+# lengths, EOS inside the output, shape padding, the other architectures) run with -m slow, as CI does.
+REFERENCE_IN_THE_DEFAULT_SUITE = {"test_every_configured_drafter_matches_greedy_decoding": {"max_new_tokens": 64}}
+LONG_OVER_THE_REFERENCE = {"test_every_configured_drafter_matches_greedy_decoding",
+                           "test_eos_inside_the_output_ends_decoding_exactly_like_greedy",
+                           "test_padding_verify_shapes_changes_nothing",
+                           "test_every_configured_drafter_matches_greedy_decoding_on_the_other_architectures"}
+
+
+def over_the_reference_only_with_slow(item) -> bool:
+    """Whether ``item`` is a long contract test run over the reference Target outside the default suite's set."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if item.originalname not in LONG_OVER_THE_REFERENCE or "reference" not in (params.get("each_target"),
+                                                                                params.get("kind")):
+        return False
+    kept = REFERENCE_IN_THE_DEFAULT_SUITE.get(item.originalname)
+    return kept is None or any(params.get(key) != value for key, value in kept.items())
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if over_the_reference_only_with_slow(item):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", params=TARGET_KINDS)
 def each_target(request, tiny):
     """tiny-random behind each Target implementation in turn."""

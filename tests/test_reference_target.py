@@ -81,3 +81,22 @@ def test_the_reference_target_refuses_eager_attention():
     """A boolean mask means "may attend" to SDPA only; eager attention would add it to the scores."""
     eager = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
     assert "SDPA" in refusal(ReferenceTarget, eager)
+
+
+def test_the_default_suite_keeps_every_drafter_over_the_reference_target_and_sends_the_long_variants_to_slow():
+    from types import SimpleNamespace
+
+    from conftest import over_the_reference_only_with_slow
+
+    def item(name, **params):
+        return SimpleNamespace(originalname=name, callspec=SimpleNamespace(params=params))
+
+    main = "test_every_configured_drafter_matches_greedy_decoding"
+    assert not over_the_reference_only_with_slow(item(main, name="pld", max_new_tokens=64, each_target="reference"))
+    assert over_the_reference_only_with_slow(item(main, name="pld", max_new_tokens=7, each_target="reference"))
+    assert not over_the_reference_only_with_slow(item(main, name="pld", max_new_tokens=7, each_target="transformers"))
+    assert over_the_reference_only_with_slow(item("test_padding_verify_shapes_changes_nothing", name="hd",
+                                                  each_target="reference"))
+    assert over_the_reference_only_with_slow(item(main + "_on_the_other_architectures", name="hd", kind="reference"))
+    assert not over_the_reference_only_with_slow(item("test_always_right_drafter_has_every_token_accepted",
+                                                      each_target="reference"))
