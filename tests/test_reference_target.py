@@ -88,8 +88,8 @@ def test_the_default_suite_keeps_every_drafter_over_the_reference_target_and_sen
 
     from conftest import over_the_reference_only_with_slow
 
-    def item(name, **params):
-        return SimpleNamespace(originalname=name, callspec=SimpleNamespace(params=params))
+    def item(test, **params):
+        return SimpleNamespace(originalname=test, callspec=SimpleNamespace(params=params))
 
     main = "test_every_configured_drafter_matches_greedy_decoding"
     assert not over_the_reference_only_with_slow(item(main, name="pld", max_new_tokens=64, each_target="reference"))
