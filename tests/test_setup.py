@@ -5,6 +5,7 @@ test_errors.py)."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -203,9 +204,11 @@ def test_a_setup_interrupted_while_installing_leaves_no_stamp_and_the_next_run_i
 
 
 def source_setup(tmp_path: Path, step: str, path: str, **environment) -> subprocess.CompletedProcess:
-    """One step of setup.sh (a function, run in a bash that sourced it), with ``path`` first on PATH."""
+    """One step of setup.sh (a function, run in a bash that sourced it), with ``path`` first on PATH. Ctrl-C is put
+    back to its default for that bash: a suite started in the background (``pytest &``) ignores SIGINT, and a
+    non-interactive bash cannot undo a signal ignored when it started, so setup.sh's trap would never run."""
     return subprocess.run(["bash", "-c", f"source {REPO / 'setup.sh'}; {step}"], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path,
+                          timeout=60, cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                           env={"PATH": f"{path}:/usr/bin:/bin", "HOME": str(tmp_path), **environment})
 
 
