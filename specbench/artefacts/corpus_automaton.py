@@ -15,10 +15,10 @@ from specbench.artefacts.statistics_datastore import (
     StatisticsDatastore,
     checked_corpus,
     corpus_cache_key,
+    corpus_estimate,
     statistics_datastore,
     vocab_size,
 )
-from specbench.datastores.corpus import corpus_bytes, resolve_corpus
 from specbench.datastores.suffix_array import SEPARATOR
 from specbench.datastores.suffix_automaton import StaticSuffixAutomaton
 from specbench.storage.cache import cache_root
@@ -61,11 +61,7 @@ class CorpusAutomaton(Artefact):
         return f"suffix automaton of {self.corpus} for {self.target.name}"
 
     def estimate(self) -> tuple[float | None, str]:
-        size = corpus_bytes(resolve_corpus(self.corpus, cache_root(self.cache_dir)))
-        if size is None:
-            return None, "a hub dataset, whose size is known once downloaded"
-        return (size * SECONDS_PER_CORPUS_BYTE,
-                f"{size / 1e6:.1f} MB of text at {1e-6 / SECONDS_PER_CORPUS_BYTE:.1f} MB/s, measured on python-docs")
+        return corpus_estimate(self.corpus, self.cache_dir, SECONDS_PER_CORPUS_BYTE, rate_digits=1)
 
     def rebuild_command(self) -> str:
         return self.command

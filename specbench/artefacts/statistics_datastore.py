@@ -124,6 +124,17 @@ def checked_corpus(corpus: str, cache_dir: str | None = None) -> list[str]:
     return sources
 
 
+def corpus_estimate(corpus: str, cache_dir: str | None, seconds_per_byte: float, rate_digits: int
+                    ) -> tuple[float | None, str]:
+    """(seconds, basis) of a build that reads all of ``corpus`` at ``seconds_per_byte`` (measured on python-docs);
+    a hub dataset's size is unknown until it is downloaded."""
+    size = corpus_bytes(resolve_corpus(corpus, cache_root(cache_dir)))
+    if size is None:
+        return None, "a hub dataset, whose size is known once downloaded"
+    return (size * seconds_per_byte,
+            f"{size / 1e6:.1f} MB of text at {1e-6 / seconds_per_byte:.{rate_digits}f} MB/s, measured on python-docs")
+
+
 class StatisticsDatastore(Artefact):
     """The cached statistics datastore of ``corpus`` (by content) for the target's tokenizer, built on first use
     (its corpus checked first, and the build announced in one line naming ``command``, what builds it ahead of
@@ -144,11 +155,7 @@ class StatisticsDatastore(Artefact):
         return f"statistics datastore of {self.corpus} for {self.target.name}"
 
     def estimate(self) -> tuple[float | None, str]:
-        size = corpus_bytes(resolve_corpus(self.corpus, cache_root(self.cache_dir)))
-        if size is None:
-            return None, "a hub dataset, whose size is known once downloaded"
-        return (size * SECONDS_PER_CORPUS_BYTE,
-                f"{size / 1e6:.1f} MB of text at {1e-6 / SECONDS_PER_CORPUS_BYTE:.2f} MB/s, measured on python-docs")
+        return corpus_estimate(self.corpus, self.cache_dir, SECONDS_PER_CORPUS_BYTE, rate_digits=2)
 
     def rebuild_command(self) -> str:
         return f"python scripts/build_datastore.py --model {self.target.name} --corpus {shlex.quote(self.corpus)}"

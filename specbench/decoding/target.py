@@ -109,6 +109,17 @@ class Target(ABC):
         if layers:
             raise NotImplementedError(f"{type(self).__name__} does not expose hidden states")
 
+    def checked_hidden_layers(self, layers: tuple[int, ...]) -> tuple[int, ...]:
+        """``layers`` as ints, each refused in one line unless 0 (the embeddings' output) .. ``num_layers``: the
+        check every implementation of ``request_hidden_states`` makes."""
+        from specbench.errors import SpecbenchError
+
+        for layer in layers:
+            if not 0 <= layer <= self.num_layers:
+                raise SpecbenchError(f"hidden states of layer {layer} requested; the target has layers 0.."
+                                     f"{self.num_layers} (0: the embeddings' output)")
+        return tuple(int(layer) for layer in layers)
+
     def hidden_states(self, rows: list[int] | None = None) -> torch.Tensor | None:
         """[len(layers), n, hidden] the requested layers' states at ``rows`` of the last pass (all rows when
         None), on the device; None when none were requested."""

@@ -131,11 +131,7 @@ class ReferenceTarget(Target):
         return torch.as_tensor(np.ascontiguousarray(array), device=self.device)
 
     def request_hidden_states(self, layers: tuple[int, ...]) -> None:
-        for layer in layers:
-            if not 0 <= layer <= self.num_layers:
-                raise SpecbenchError(f"hidden states of layer {layer} requested; the target has layers 0.."
-                                     f"{self.num_layers} (0: the embeddings' output)")
-        self._hidden_layers = tuple(int(layer) for layer in layers)
+        self._hidden_layers = self.checked_hidden_layers(layers)
         self._hidden = None
 
     def hidden_states(self, rows: list[int] | None = None) -> torch.Tensor | None:
