@@ -79,7 +79,7 @@ sys.meta_path.insert(0, Blocked())
 gpu_check = runpy.run_path(sys.argv[1], run_name="gpu_check_without_hydra")
 status = gpu_check["main"](["--device", "cpu", "--quick", "--rows", "1,2", "--out", sys.argv[2]])
 import torch
-model = gpu_check["tiny"](torch.device("cpu"))  # what rows 3-4 build, without hydra's composition
+model = gpu_check["testing"].tiny_random(torch.device("cpu"))  # what rows 1-4 build, without hydra's composition
 print(json.dumps({"status": status, "tiny": model.name, "loaded": sorted(set(sys.modules) & {"hydra", "omegaconf"})}))
 """
 
