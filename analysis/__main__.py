@@ -1,7 +1,8 @@
 """``python -m analysis COMMAND RUNS...``: tables, throughput model, figures and an HTML report from runs.
 
     python -m analysis tables runs/ --format md            # Spec-Bench leaderboard, then vLLM's acceptance figures
-    python -m analysis tables runs/ --table acceptance --format csv   # one of the two tables
+    python -m analysis tables runs/ --table acceptance --format csv   # one of the tables
+    python -m analysis tables runs/ --table load           # runs under load: speedup, TTFT, TPOT per concurrency
     python -m analysis throughput runs/                    # DSD throughput model: predicted vs measured
     python -m analysis figures runs/ --out figures/        # every figure, PNG and PDF
     python -m analysis report runs/ --out report.html      # one offline HTML page with all of it
@@ -15,6 +16,13 @@ the run's own model's where published, else all); --task TASK (repeatable) keeps
 
 RUNS are run directories or folders holding them (a multirun's sweep folder, or runs/). --spec-bench adds
 Spec-Bench's own model_answer files (a method's and its baseline's, with a model and method name).
+
+Runs under load (engine.concurrency, vLLM: load.jsonl) add the load table (per concurrency: AR's and the
+method's tokens/s, the speedup, requests/s, TTFT and TPOT percentiles, acceptance, identical outputs) to
+`tables`, the speedup_vs_concurrency figure to `figures` and a section to the report; runs without it change
+nothing. Runs whose steps have no per-step times (an engine that does not expose them, vLLM) stay in the
+tables and are left out of the analyses of step times (throughput model, latency breakdown, cost per token,
+draft latency), with one warning each.
 
 Runs are averaged as repeats only when all their result-affecting settings (run.json) and their questions
 match; otherwise each gets a label saying what differs, with a note on stderr. A run is counted once however
@@ -52,6 +60,7 @@ import pandas as pd  # noqa: E402
 
 from analysis.compare import compare_table, compare_text, mat_figure, mat_pairs  # noqa: E402
 from analysis.figures import make_all  # noqa: E402
+from analysis.load import has_load, load_table, render_load  # noqa: E402
 from analysis.published import of_model, select_published  # noqa: E402
 from analysis.report import build_report  # noqa: E402
 from analysis.runs import load_runs, read_spec_bench, untrusted_runs  # noqa: E402
@@ -64,7 +73,7 @@ from specbench.storage.refusal import storage_refusal  # noqa: E402
 
 USER_ERROR = 2  # as specbench's own entry point: a problem with the input, explained in one line
 SHOWN_PROBLEMS = 3  # problems quoted in the one line that says nothing usable is left
-TABLES = ("leaderboard", "acceptance")  # what `tables` prints (--table picks one)
+TABLES = ("leaderboard", "acceptance", "load")  # what `tables` prints (--table picks one)
 OUT_KINDS = {"tables": "file", "report": "file", "figures": "folder"}  # what --out names, per command
 DEFAULT_OUT = {"report": "report.html", "figures": "figures"}
 
@@ -130,7 +139,11 @@ def writing(out: Path):
 
 def print_throughput(table: pd.DataFrame) -> None:
     """The throughput model's table (deviations in percent), the largest deviation each way, and what each
-    run would need to match the best of its model."""
+    run would need to match the best of its model; one line when no run has per-step times to model."""
+    if table.empty:
+        print("no run with per-step times: nothing for the throughput model (runs without them are named on "
+              "stderr)")
+        return
     pd.set_option("display.width", 250)
     percent = {column: (lambda v: "-" if np.isnan(v) else f"{100 * v:+.1f}%") for column in ("calib_dev", "loo_dev")}
     print(table[SHOWN_COLUMNS].to_string(index=False, formatters=percent, na_rep="-",
@@ -174,9 +187,10 @@ def main(argv=None) -> None:
                         "--spec-bench files are given)")
     parser.add_argument("--format", choices=("md", "latex", "csv"), default="md", help="for tables")
     parser.add_argument("--table", choices=TABLES, default=None, help="for tables: only the leaderboard (Spec-Bench's "
-                        "per-task speedup and MAT) or only the acceptance table (both speedups, vLLM's mean "
-                        "acceptance length and rate, acceptance per position, time per token); default both, "
-                        "but csv needs one (default leaderboard)")
+                        "per-task speedup and MAT), only the acceptance table (both speedups, vLLM's mean "
+                        "acceptance length and rate, acceptance per position, time per token) or only the load "
+                        "table (runs under load: per concurrency, tokens/s, speedup, TTFT, TPOT); default all "
+                        "(the load table when a run has load.jsonl), but csv needs one (default leaderboard)")
     parser.add_argument("--out", default=None, help="output file (tables, report) or folder (figures)")
     parser.add_argument("--spec-bench", nargs=4, action="append", default=[],
                         metavar=("METHOD_JSONL", "BASELINE_JSONL", "MODEL", "METHOD"))
@@ -223,13 +237,21 @@ def run_command(args: argparse.Namespace) -> None:
     published = of_model(select_published(args.published), args.published_model) if args.command == "compare" else None
     # The leaderboard and compare need no steps (no warnings about them); the acceptance table reads the draft
     # depths of runs whose records lack them from their steps.
-    needs_steps = args.command not in ("tables", "compare") or (args.command == "tables" and args.table != "leaderboard"
+    needs_steps = args.command not in ("tables", "compare") or (args.command == "tables"
+                                                               and args.table in (None, "acceptance")
                                                                and args.format != "csv")
-    loaded = load_runs(args.runs, with_steps=needs_steps)
+    # Only these analyse step times, so only they say which runs are left out for having none.
+    loaded = load_runs(args.runs, with_steps=needs_steps,
+                       step_times=args.command in ("throughput", "figures", "report"))
     questions = loaded.questions
     extra = [read_spec_bench(*files) for files in args.spec_bench]
     questions = pd.concat([questions, *extra], ignore_index=True) if extra else questions
-    if questions.empty:
+    if args.command == "tables" and args.table == "load" and not has_load(loaded.load):
+        raise SpecbenchError(f"--table load: no run under {', '.join(args.runs) or 'the paths given'} has a "
+                             "load.jsonl (written by a run with engine.concurrency)")
+    # A run under load may have no answers of its own: its levels are still something to show.
+    usable = not questions.empty or (has_load(loaded.load) and args.command in ("tables", "figures", "report"))
+    if not usable:
         problems = loaded.problems
         why = ("; left out: " + "; ".join(problems[:SHOWN_PROBLEMS]) + (" ..." if len(problems) > SHOWN_PROBLEMS else "")
                if problems else "")
@@ -237,7 +259,7 @@ def run_command(args: argparse.Namespace) -> None:
     steps = loaded.steps
 
     if args.command == "tables":
-        text = tables_text(questions, args.format, args.table)
+        text = tables_text(questions, args.format, args.table, loaded.load)
         if out:
             with writing(Path(out)):
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +270,7 @@ def run_command(args: argparse.Namespace) -> None:
         print_token_costs(token_costs(questions, steps))
     elif args.command == "figures":
         with writing(Path(out)):
-            written, skipped = make_all(questions, steps, Path(out))
+            written, skipped = make_all(questions, steps, Path(out), loaded.load)
         for path in written:
             print(path)
         for reason in skipped:
@@ -257,19 +279,23 @@ def run_command(args: argparse.Namespace) -> None:
         print_compare(questions, published, args.figure, args.task)
     else:
         with writing(Path(out)):
-            print(build_report(questions, steps, Path(out), problems=loaded.problems))
+            print(build_report(questions, steps, Path(out), problems=loaded.problems, load=loaded.load))
 
 
-def tables_text(questions: pd.DataFrame, fmt: str, which: str | None) -> str:
-    """The leaderboard and the acceptance table (``analysis.tables``) in ``fmt``, or the one ``which`` names;
-    a CSV holds one table, the leaderboard unless ``which`` says otherwise."""
+def tables_text(questions: pd.DataFrame, fmt: str, which: str | None, load: pd.DataFrame | None = None) -> str:
+    """The leaderboard and the acceptance table (``analysis.tables``) in ``fmt``, then the load table
+    (``analysis.load``) when a run of ``load`` (``LoadedRuns.load``) has levels, or the one ``which`` names; a
+    CSV holds one table, the leaderboard unless ``which`` says otherwise (the load table when there are no
+    answers, only levels)."""
     if fmt == "csv":
-        which = which or "leaderboard"
+        which = which or ("leaderboard" if not questions.empty or not has_load(load) else "load")
     shown = []
-    if which in (None, "leaderboard"):
+    if which in (None, "leaderboard") and not questions.empty:
         shown.append(render(leaderboard(questions), fmt))
-    if which in (None, "acceptance"):
+    if which in (None, "acceptance") and not questions.empty:
         shown.append(render_acceptance(acceptance_table(questions), fmt))
+    if which in (None, "load") and has_load(load):
+        shown.append(render_load(load_table(load), fmt))
     return "\n".join(shown)
 
 

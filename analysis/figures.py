@@ -5,6 +5,11 @@ supports and says which it skipped and why.
                      HD ablation (database subsets and orders) and the share of accepted tokens per database
     DSD style:       draft latency vs depth and vs parameters; throughput vs acceptance; predicted (from
                      the calibration and leave-one-out) vs measured throughput
+    under load:      speedup against concurrency per method, beside AR's output tokens/s per run (only when a
+                     run has load.jsonl)
+
+The figures of step times (latency breakdown, cost per token, the throughput model's, draft latency) leave out
+the runs whose steps have no per-step times (``analysis.runs.timed_steps``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.runs import run_settings
+from analysis.load import ar_throughput, has_load, load_table
+from analysis.runs import NO_STEP_TIMES, run_settings, timed_steps
 from analysis.tables import run_task_stats
 from analysis.throughput import COST_PARTS, WAYS, deviation_summary, model_table, token_costs
 from specbench.questions import TASKS
@@ -84,6 +90,7 @@ def mat_per_task(questions, out):
 
 
 def latency_breakdown(steps, out):
+    steps = timed_steps(steps)
     decode = steps[steps.step > 0]
     table = decode.groupby("label")[["draft_s", "verify_s", "overhead_s"]].mean() * 1000
     figure, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(table) + 2.0), 4))
@@ -140,6 +147,7 @@ def _draft_manifests(run_dirs) -> pd.DataFrame:
 
 
 def draft_depth(steps, out):
+    steps = timed_steps(steps)
     drafts = _draft_manifests(steps.run_dir.unique())
     # The median over drafting steps: a step after steps the draft budget skipped also catches the draft up on
     # the tokens it missed, which says nothing about the draft's speed per token.
@@ -232,26 +240,73 @@ def cost_per_token(questions, steps, out):
     return _save(figure, out, "cost_per_token")
 
 
-def make_all(questions: pd.DataFrame, steps: pd.DataFrame, out: Path) -> tuple[list[Path], list[str]]:
-    """Every figure the runs support; returns (files written, reasons for figures skipped)."""
+def _concurrency_axis(ax, concurrencies) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(value) for value in concurrencies})
+    if ticks:
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(tick) for tick in ticks])
+    ax.set_xlabel("concurrency (requests in flight)")
+
+
+def speedup_vs_concurrency(load: pd.DataFrame, out: Path) -> list[Path]:
+    """Left: each method's speedup over AR against concurrency (``analysis.load.load_table``; a level without
+    an AR line has no point). Right: AR's output tokens/s against concurrency, one line per run, the
+    throughput the speedups are measured against."""
+    table = load_table(load).reset_index()
+    models = table.model.nunique()
+    labels = sorted(table.label.unique())
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for (model, label), group in table.dropna(subset=["speedup"]).groupby(["model", "label"], sort=True):
+        color, hatch = method_style(label, labels)
+        left.plot(group.concurrency, group.speedup, marker="o", color=color, linestyle="--" if hatch else "-",
+                  label=label if models == 1 else f"{model} {label}")
+    left.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    _concurrency_axis(left, table.concurrency)
+    left.set_ylabel("speedup over AR (output tokens/s)")
+    left.set_title("Speedup under load")
+    ar = ar_throughput(load)
+    for (run_dir, model), group in ar.groupby(["run_dir", "model"], sort=True):
+        right.plot(group.concurrency, group.ar_tokens_per_s, marker="o", label=f"{model}: {Path(run_dir).name}")
+    _concurrency_axis(right, table.concurrency)
+    right.set_ylabel("AR output tokens/s")
+    right.set_title("AR throughput under load")
+    for ax, empty in ((left, table.speedup.isna().all()), (right, ar.empty)):
+        if empty:
+            ax.text(0.5, 0.5, "no level with an AR line", transform=ax.transAxes, ha="center", va="center")
+        else:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return _save(figure, out, "speedup_vs_concurrency")
+
+
+def make_all(questions: pd.DataFrame, steps: pd.DataFrame, out: Path,
+             load: pd.DataFrame | None = None) -> tuple[list[Path], list[str]]:
+    """Every figure the runs support; returns (files written, reasons for figures skipped). ``load``
+    (``LoadedRuns.load``) adds speedup_vs_concurrency when a run has load.jsonl (nothing is said otherwise)."""
     written, skipped = [], []
+    if has_load(load):
+        written += speedup_vs_concurrency(load, out)
     if questions.empty:
         return written, ["no runs with answers"]
     written += speedup_per_task(questions, out)
     written += mat_per_task(questions, out)
-    if not steps.empty:
-        written += latency_breakdown(steps, out)
-        written += cost_per_token(questions, steps, out)
-        table = model_table(steps)
+    timed = timed_steps(steps)
+    if not timed.empty:
+        written += latency_breakdown(timed, out)
+        written += cost_per_token(questions, timed, out)
+        table = model_table(timed)
         written += throughput_vs_acceptance(table, out)
         written += predicted_vs_measured(table, out)
+    elif not steps.empty:
+        skipped.append(f"figures of step times: no run has them ({NO_STEP_TIMES})")
+    if not steps.empty:
         hd = steps[steps.drafter.str.startswith("hd")]
         if not hd.empty:
             written += hd_ablation(questions, steps, out)
         else:
             skipped.append("hd_ablation: no HD runs")
-        if not _draft_manifests(steps.run_dir.unique()).empty:
-            written += draft_depth(steps, out)
+        if not _draft_manifests(timed.run_dir.unique()).empty:
+            written += draft_depth(timed, out)
         else:
             skipped.append("draft_latency_depth: no runs with pruned drafts (scripts/bench_draft_depth.py)")
     else:

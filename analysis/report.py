@@ -13,8 +13,9 @@ import pandas as pd
 
 from analysis.display import (MISSING, PAGE_PX, TableLayout, environment_rows, reader_name, render_table,
                               split_by_part)
-from analysis.figures import make_all
-from analysis.runs import read_run_json, read_summary, untrusted_runs
+from analysis.figures import make_all, speedup_vs_concurrency
+from analysis.load import HEADERS as LOAD_HEADERS, LOAD_LEGEND, has_load, load_cells, load_table
+from analysis.runs import read_run_json, read_summary, timed_steps, untrusted_runs
 from analysis.compare import AGREEMENT, compare_table, mat_figure, mat_pairs
 from analysis.compare import number_text
 from analysis.published import select_published
@@ -130,6 +131,26 @@ def acceptance_section(questions: pd.DataFrame) -> str:
             + f"<p class='legend'>{html.escape(ACCEPTANCE_LEGEND)}</p>")
 
 
+def load_section(load: pd.DataFrame, scratch: Path) -> str:
+    """Runs under load (``analysis.load.load_table``): per model, method and concurrency, AR's and the method's
+    throughput, the speedup, TTFT and TPOT, acceptance and identical outputs; then speedup_vs_concurrency."""
+    layout = TableLayout(id_columns=("model", "label", "timing", "concurrency"), headers=tuple(LOAD_HEADERS.items()),
+                         families=(("ar_tokens_per_s", "tokens_per_s", "speedup"),),
+                         missing_default="not known (no AR line at that concurrency, or a figure the engine did "
+                                         "not record)")
+    parts = ["<h2>Under load</h2>",
+             "<p class='note'>Runs with engine.concurrency (load.jsonl): every question served with that many "
+             "requests in flight, by AR and by the method, in one engine.</p>",
+             render_table(load_cells(load_table(load)), "Per concurrency: throughput, speedup, latency, acceptance",
+                          layout),
+             f"<p class='legend'>{html.escape(LOAD_LEGEND)}</p>"]
+    figure = next(path for path in speedup_vs_concurrency(load, scratch) if path.suffix == ".png")
+    data = base64.b64encode(figure.read_bytes()).decode()
+    parts.append(f"<h3>speedup vs concurrency</h3><img alt='speedup against concurrency' "
+                 f"src='data:image/png;base64,{data}'>")
+    return "".join(parts)
+
+
 COMPARE_SHOWN = {"label": "method", "table": "published table", "method": "published as", "mat": "MAT",
                  "mat_published": "published MAT", "mat_ratio": "MAT ratio", "speedup": "speedup",
                  "speedup_published": "published speedup", "speedup_ratio": "speedup ratio",
@@ -189,14 +210,16 @@ def _notes(lines: list[str]) -> str:
 
 
 def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = "specbench report",
-                 problems: list[str] | tuple = ()) -> Path:
+                 problems: list[str] | tuple = (), load: pd.DataFrame | None = None) -> Path:
     """Write ``out`` (an .html file) and return it. Runs whose timings are flagged as untrustworthy (busy
     machine) are listed in a box at the top and marked in the tables; ``problems`` (``LoadedRuns.problems``:
-    runs and files left out, and why) are listed in another."""
-    runs = sorted(questions.run_dir.unique())
+    runs and files left out, and why) are listed in another. ``load`` (``LoadedRuns.load``) adds a section for
+    runs under load when any run has load.jsonl. The throughput model leaves out runs without per-step times
+    (``analysis.runs.timed_steps``; ``problems`` says which)."""
+    runs = sorted({*questions.run_dir.unique(), *(load.run_dir.unique() if has_load(load) else ())})
     sections = [f"<h1>{html.escape(title)}</h1>",
                 f"<p class='note'>Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from "
-                f"{questions.run_dir.nunique()} run(s), {len(questions)} question records. "
+                f"{len(runs)} run(s), {len(questions)} question records. "
                 f"{MISSING} in a table: no value; the legend under each table says why.</p>"]
     if runs:
         sections.append(environment_section(runs))
@@ -222,10 +245,14 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
                      acceptance_section(questions)]
         with tempfile.TemporaryDirectory() as scratch:
             sections.append(compare_section(questions, select_published("spec-bench"), Path(scratch)))
-    if not steps.empty:
-        table = model_table(steps)
+    if has_load(load):
+        with tempfile.TemporaryDirectory() as scratch:
+            sections.append(load_section(load, Path(scratch)))
+    timed = timed_steps(steps)
+    if not timed.empty:
+        table = model_table(timed)
         needs = requirements(table)
-        costs = token_costs(questions, steps)
+        costs = token_costs(questions, timed)
         sections += ["<h2>Throughput model</h2>",
                      "<p class='note'>The simplified model of \"Decoding Speculative Decoding\", checked on each run "
                      "with the target's latency measured outside it. Over decoding steps (the prefill excluded): "

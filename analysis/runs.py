@@ -21,7 +21,14 @@ What bad inputs do (every message names the file; none stops the others' tables)
   read (schema 1, or a newer one) or without a key it needs is left out with a warning saying which run is
   missing and why; reading such a file anyway could give wrong numbers;
 * a run directory without a readable steps.parquet stays in the tables and is left out of the step-level
-  analyses (throughput model, latency figures), with a warning.
+  analyses (throughput model, latency figures), with a warning;
+* a run whose steps have no per-step times (an engine that runs its own loop, vLLM: ``draft_s``, ``verify_s``
+  and ``overhead_s`` are null) stays in the tables, the acceptance figures included, and is left out of the
+  analyses of step times (``timed_steps``: latency breakdown, throughput model, cost per token, draft latency),
+  with one warning saying why;
+* load.jsonl (a run under load, ``specbench.results.load``) is read into ``LoadedRuns.load``, one row per level
+  and role; a line that is not a level of that schema, or repeats a (concurrency, role), is left out, named in
+  one warning per file.
 """
 
 from __future__ import annotations
@@ -41,9 +48,10 @@ from specbench.measure import metrics
 from specbench.questions import task_of
 from specbench.errors import SpecbenchError, damage_reason
 from specbench.results.question_keys import question_key
+from specbench.results.load import LOAD_FILE, read_load_levels
 from specbench.results.readers import (read_json_file, read_jsonl_records, read_result_lines, read_run_results,
                                        run_question_ids)
-from specbench.results.schema import STEP_COLUMNS, SUMMARY_KEYS, SUPPORTED_SCHEMAS
+from specbench.results.schema import STEP_COLUMNS, SUMMARY_KEYS, SUPPORTED_SCHEMAS, TIMING_FIELDS
 from specbench.results.validation import BASELINE_ANSWER, SPEC_BENCH_METHOD, LineKind, record_problem
 from specbench.run.identity import PLACEMENT_KEYS, implied_placement
 from specbench.settings import method_name
@@ -481,15 +489,94 @@ def run_infos(run_dirs: list[Path]) -> dict[Path, dict]:
     return {run.path: run.info for run in _read_runs(list(run_dirs), [], [])}
 
 
+# One row per (run, concurrency, role) of the runs' load.jsonl: the run columns, then the level's fields, its
+# {mean, p50, p90, p99} distributions flattened (ttft_s_p50, tpot_s_mean, ...).
+DISTRIBUTIONS = ("ttft_s", "tpot_s", "latency_s")
+DISTRIBUTION_KEYS = ("mean", "p50", "p90", "p99")
+LOAD_LEVEL_COLUMNS = ["concurrency", "role", "method", "requests", "output_tokens", "duration_s",
+                      "output_tokens_per_s", "requests_per_s",
+                      *(f"{name}_{key}" for name in DISTRIBUTIONS for key in DISTRIBUTION_KEYS),
+                      "mean_acceptance_length", "acceptance_by_position", "identical_to_baseline"]
+LOAD_COLUMNS = [*RUN_COLUMNS, *LOAD_LEVEL_COLUMNS]
+LOAD_ROLES = ("baseline", "method")
+
+# Why a run is left out of the analyses of step times when none of its steps has them.
+NO_STEP_TIMES = "no per-step times: recorded by an engine that does not expose them"
+STEP_TIME_ANALYSES = "latency breakdown, throughput model, cost per token, draft latency"
+
+
 @dataclass
 class LoadedRuns:
-    """What ``load_runs`` read: per-question rows, step rows, and the messages a reader must see: problems
-    (runs or files left out, and why) and notes (labels split because their runs are not repeats)."""
+    """What ``load_runs`` read: per-question rows, step rows, the load levels of runs under load (LOAD_COLUMNS;
+    empty when no run has load.jsonl), and the messages a reader must see: problems (runs or files left out, and
+    why) and notes (labels split because their runs are not repeats)."""
 
     questions: pd.DataFrame
     steps: pd.DataFrame
     problems: list[str]
     notes: list[str]
+    load: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LOAD_COLUMNS))
+
+
+def untimed_runs(steps: pd.DataFrame) -> dict[str, str]:
+    """The runs of ``steps`` (run_dir -> why) whose step times (``TIMING_FIELDS``) cannot be used: NO_STEP_TIMES
+    when no step has them (an engine that reports what each step accepted but not how long it took), "k of n
+    steps have no per-step times" when only some lack them (their sums would silently leave those steps out)."""
+    if steps.empty or not all(column in steps for column in ("run_dir", *TIMING_FIELDS)):
+        return {}
+    lacking = steps[list(TIMING_FIELDS)].isna().any(axis=1)
+    found = {}
+    for run_dir, missing in lacking.groupby(steps.run_dir, sort=False):
+        if missing.all():
+            found[run_dir] = NO_STEP_TIMES
+        elif missing.any():
+            found[run_dir] = f"{int(missing.sum())} of {len(missing)} steps have no per-step times"
+    return found
+
+
+def timed_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` without the runs whose step times cannot be used (``untimed_runs``): what every analysis of
+    step times reads (the warning saying so is ``load_runs``')."""
+    untimed = untimed_runs(steps)
+    return steps[~steps.run_dir.isin(list(untimed))] if untimed else steps
+
+
+def _level_problem(level) -> str | None:
+    """What keeps a line of load.jsonl from being a level of ``specbench.results.load``'s schema, or None."""
+    if not isinstance(level, dict):
+        return "is not an object"
+    concurrency = level.get("concurrency")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        return f"has no concurrency of 1 or more ({concurrency!r})"
+    if level.get("role") not in LOAD_ROLES:
+        return f"has role {level.get('role')!r}, not baseline or method"
+    for key in ("output_tokens_per_s", "requests_per_s"):
+        value = level.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"has no number {key}"
+    return None
+
+
+def _load_rows(run: _Run, problems: list[str]) -> list[dict]:
+    """The rows of the run's load.jsonl (LOAD_COLUMNS); lines that are not levels, or repeat a (concurrency,
+    role) already read, are left out, named in one warning."""
+    rows, left_out, seen = [], [], set()
+    for number, level in enumerate(read_load_levels(run.path), start=1):
+        problem = _level_problem(level)
+        if problem is None and (level["concurrency"], level["role"]) in seen:
+            problem = f"repeats concurrency {level['concurrency']} {level['role']}"
+        if problem is not None:
+            left_out.append(f"line {number} {problem}")
+            continue
+        seen.add((level["concurrency"], level["role"]))
+        row = {**run.info, **{key: level.get(key) for key in LOAD_LEVEL_COLUMNS}}
+        for name in DISTRIBUTIONS:
+            figures = level.get(name) if isinstance(level.get(name), dict) else {}
+            row.update({f"{name}_{key}": figures.get(key) for key in DISTRIBUTION_KEYS})
+        rows.append(row)
+    if left_out:
+        _problem(problems, f"{run.path / LOAD_FILE}: {'; '.join(left_out)}: left out")
+    return rows
 
 
 def _run_steps(run: _Run, problems: list[str]) -> pd.DataFrame | None:
@@ -500,15 +587,18 @@ def _run_steps(run: _Run, problems: list[str]) -> pd.DataFrame | None:
     return run.steps.copy()
 
 
-def load_runs(paths, with_steps: bool = True) -> LoadedRuns:
-    """Every run directory at or below ``paths``, read once: per-question rows (QUESTION_COLUMNS), and with
-    ``with_steps`` every step record with the run columns in front. Problems and notes are also logged."""
+def load_runs(paths, with_steps: bool = True, step_times: bool = True) -> LoadedRuns:
+    """Every run directory at or below ``paths``, read once: per-question rows (QUESTION_COLUMNS), the levels of
+    runs under load (LOAD_COLUMNS), and with ``with_steps`` every step record with the run columns in front.
+    ``step_times``: the caller analyses step times, so each run whose steps lack them (``untimed_runs``) gets
+    one warning saying it is left out of those analyses. Problems and notes are also logged."""
     problems, notes = [], []
     runs = _read_runs(find_run_dirs(paths, problems), problems, notes)
-    rows, frames = [], []
+    rows, frames, levels = [], [], []
     for run in runs:
         run_rows = question_rows(run.answers, run.baseline, run.info) if run.answers is not None else []
         rows += run_rows
+        levels += _load_rows(run, problems)
         if with_steps:
             frame = _run_steps(run, problems)
             # A run whose every question was skipped has an empty steps.parquet whose columns are all of object
@@ -517,10 +607,16 @@ def load_runs(paths, with_steps: bool = True) -> LoadedRuns:
                 fill_draft_depths(run_rows, frame)
                 for column, value in reversed(list(run.info.items())):
                     frame.insert(0, column, [value] * len(frame))
+                # an engine without per-step times: nulls, as float NaN (never objects, never zeros)
+                frame = frame.astype({column: "float64" for column in TIMING_FIELDS})
                 frames.append(frame)
+                why = untimed_runs(frame).get(str(run.path)) if step_times else None
+                if why:
+                    _problem(problems, f"run {run.path}: {why}; left out of the analyses of step times "
+                                       f"({STEP_TIME_ANALYSES}), kept in the tables")
     questions = pd.DataFrame(rows, columns=QUESTION_COLUMNS)
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*RUN_COLUMNS, *STEP_COLUMNS])
-    return LoadedRuns(questions, steps, problems, notes)
+    return LoadedRuns(questions, steps, problems, notes, pd.DataFrame(levels, columns=LOAD_COLUMNS))
 
 
 def fill_draft_depths(rows: list[dict], steps: pd.DataFrame) -> None:

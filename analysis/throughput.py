@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.runs import flat_settings, read_run_json, read_summary, timing_flag
+from analysis.runs import flat_settings, read_run_json, read_summary, timed_steps, timing_flag
 from specbench.decoding.budget import interpolate_latency
 from specbench.errors import SpecbenchError
 from specbench.measure.metrics import accepted_per_decoding_step
@@ -220,7 +220,9 @@ def model_table(steps: pd.DataFrame, facts: dict[str, dict] | None = None) -> pd
     of its steps whose token count that table lacks. timing flags a run timed on a busy machine
     ("UNTRUSTED"; its summary's warnings in timing_warnings): its numbers are kept, marked.
 
-    ``facts`` maps run_dir to ``read_run_facts``' dict; by default it is read from each run directory."""
+    ``facts`` maps run_dir to ``read_run_facts``' dict; by default it is read from each run directory. Runs
+    whose steps have no per-step times (``analysis.runs.timed_steps``) have no row and are no one's peer."""
+    steps = timed_steps(steps)
     if facts is None:
         facts = {run_dir: read_run_facts(run_dir) for run_dir in steps.run_dir.unique()}
     decode = steps[steps.step > 0]
@@ -340,8 +342,10 @@ def token_costs(questions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     The total is ms per accepted token; ``speedup_bound`` = AR ms per token / total is what the terms allow
     (the measured speedup also counts the prefill). AR ms per token is the run's paired baseline's, wall time
     over tokens. ``needed_tokens_per_step_2x`` is the acceptance a 2x speedup needs at this run's draft,
-    verify and overhead times per step."""
-    decode = steps[steps.step > 0]
+    verify and overhead times per step. Runs whose steps have no per-step times (``analysis.runs.timed_steps``)
+    have no row."""
+    decode = timed_steps(steps)
+    decode = decode[decode.step > 0]
     rows = []
     for label, run in decode.groupby("label", sort=False):
         answered = questions[(questions.label == label) & questions.baseline_tokens.notna()]
