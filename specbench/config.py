@@ -100,6 +100,13 @@ def check_group_values(cfg: DictConfig) -> RunSettings | None:
         context = arguments.get("max_context")
         if settings is not None and isinstance(context, int) and not isinstance(context, bool):
             settings.check_context(context, f"model.max_context={context}")
+    engine, drafter = cfg.get("engine"), cfg.get("drafter")
+    if isinstance(engine, DictConfig) and isinstance(drafter, DictConfig):
+        from specbench.engines.vllm_methods import check_engine_config
+
+        check_engine_config(OmegaConf.to_container(engine, resolve=True), OmegaConf.to_container(drafter, resolve=True),
+                            OmegaConf.to_container(cfg.run, resolve=True) if isinstance(cfg.get("run"), DictConfig)
+                            else {})
     task = cfg.get("task")
     if isinstance(task, DictConfig):
         tasks = task.get("tasks")
@@ -142,8 +149,9 @@ def register_resolvers() -> None:
         names its cells by the databases asked, in order).
     """
     if not OmegaConf.has_resolver("method"):
-        OmegaConf.register_new_resolver("method", lambda name, budget="off", padding="off":
-                                        method_name(name, str(budget), str(padding)))
+        OmegaConf.register_new_resolver("method", lambda name, budget="off", padding="off", engine="specbench":
+                                        method_name(name, str(budget), str(padding))
+                                        + ("" if engine == "specbench" else f"@{engine}"))
     if not OmegaConf.has_resolver("initials"):
         OmegaConf.register_new_resolver("initials", lambda items: "".join(str(item)[:1].upper() for item in items))
 

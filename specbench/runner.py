@@ -21,7 +21,7 @@ from tqdm import tqdm
 from specbench.config import check_config
 from specbench.distributed import Processes
 from specbench.engines.base import BASELINE, METHOD, Engine, SkipQuestion
-from specbench.engines.specbench_loop import SpecbenchLoop
+from specbench.engines import load_engine
 from specbench.errors import SpecbenchError
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended
 from specbench.measure.mismatch import diagnose
@@ -29,6 +29,7 @@ from specbench.models.devices import resolve_device
 from specbench.questions import Prompt, read_questions, select_questions
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import Answer
+from specbench.run.load_sweep import measure_load
 from specbench.run.identity import already_finished, check_resumable, config_settings, earlier_settings, planned_settings
 from specbench.run.threads import choose_threads
 from specbench.storage.run_lock import RunLock
@@ -79,13 +80,21 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
     torch.manual_seed(settings.seed)
 
     with RunLock(output_dir) as lock:
-        engine = SpecbenchLoop.load(cfg.model, cfg.drafter, settings, processes)
-        loaded = engine.run_settings()  # in every process: the weights' fingerprint gathers shards
-        finished = processes.decide(lambda: run_dir.open({**wanted, **loaded}))  # checks the loaded part too
-        lock.keep()
-        if on_open is not None:
-            on_open(run_dir.path)
-        return measure(engine, settings, run_dir, finished, questions, timing, processes)
+        engine = load_engine(cfg.get("engine"), cfg.model, cfg.drafter, settings, processes)
+        try:
+            loaded = engine.run_settings()  # in every process: the weights' fingerprint gathers shards
+            finished = processes.decide(lambda: run_dir.open({**wanted, **loaded}))  # checks the loaded part too
+            lock.keep()
+            if on_open is not None:
+                on_open(run_dir.path)
+            summary = measure(engine, settings, run_dir, finished, questions, timing, processes)
+            if engine.load_levels:
+                skipped = {record["question_id"] for record in run_dir.skipped}
+                measure_load(engine, summary["method"], run_dir.path,
+                             [prompt for prompt in questions if prompt.question_id not in skipped])
+            return summary
+        finally:
+            engine.close()
 
 
 def measure(engine: Engine, settings: RunSettings, run_dir: RunDirectory, finished: set, questions: list[Prompt],
@@ -94,7 +103,9 @@ def measure(engine: Engine, settings: RunSettings, run_dir: RunDirectory, finish
     and the baseline through ``engine``, recording each as it finishes; return the summary."""
     skipped = processes.share({record["question_id"] for record in run_dir.skipped})
     pending = [prompt for prompt in questions if prompt.question_id not in finished and prompt.question_id not in skipped]
-    method = settings.method_name(engine.drafter_name)
+    if not engine.paired:  # only the run under load (engine.paired=false)
+        pending = []
+    method = settings.method_name(engine.drafter_name) + engine.method_suffix
     header = summary_header(engine, method)
     if finished:
         log.info("resuming in %s: %d of %d questions already done", run_dir.path, len(finished), len(questions))

@@ -58,6 +58,7 @@ class DraftModel(Drafter):
         self.max_gamma = max_gamma if max_gamma is not None else float("inf")  # null: unbounded (transformers)
         self.cache_dir = cache_dir
         self.draft = None
+        self.draft_checkpoint: str | None = None  # the draft's directory or hub id, once prepared
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -93,6 +94,7 @@ class DraftModel(Drafter):
             draft.to(target.device).eval()
             use_linear_backend(draft, "auto")
             draft_name = f"pruned {directory.name}"
+            self.draft_checkpoint = str(directory)
         else:
             if spec.get("gguf"):
                 loaded = load_gguf(name=f"{target.family}-{self.name}-draft", gguf_path=spec["gguf"],
@@ -109,6 +111,7 @@ class DraftModel(Drafter):
                 )
             # the drafter runs the draft's transformers module itself, with a KV cache of its own
             draft, draft_name = loaded.weights.module, loaded.source
+            self.draft_checkpoint = loaded.checkpoint  # where another engine (vLLM) reads the same draft
         draft_size = parameter_count(draft)
         target_size = target.parameter_count
         if draft_size >= target_size:

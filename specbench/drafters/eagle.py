@@ -184,6 +184,7 @@ class Eagle(Drafter):
         self.feature_layers = None if feature_layers is None else tuple(int(layer) for layer in plain(feature_layers))
         self.cache_dir = cache_dir
         self.head = None
+        self.head_checkpoint: str | None = None  # the head's directory or hub id, once prepared
         self._sources: dict = {}
 
     # ---- loading ------------------------------------------------------------------------------------
@@ -232,11 +233,13 @@ class Eagle(Drafter):
                 directory = cached["head"].directory
                 self.head = fetch(cached)["head"]
             self._sources = {"head": {"trained": settings, "directory": str(directory)}}
+            self.head_checkpoint = str(directory)
         else:
             source = spec.get("path") or spec.get("hub_id")
             self.head = load_eagle_head(target, str(Path(source).expanduser()) if spec.get("path") else source,
                                         self.kind, revision=spec.get("revision"), feature_layers=self.feature_layers)
             self._sources = {"head": {"source": source, "revision": spec.get("revision")}}
+            self.head_checkpoint = head_checkpoint(spec)
         if self.head.config.kind != self.kind:
             raise SpecbenchError(f"drafter={self.name} drafts with an {self.kind} head; the head it got is an "
                                  f"{self.head.config.kind} head")
@@ -360,3 +363,13 @@ class Eagle(Drafter):
             count += joint.numel()
         kept, parents = select_dynamic_tree(torch.cat(all_scores), torch.cat(all_parents), self.total_tokens - 1)
         return torch.cat(all_ids)[kept], parents
+
+
+def head_checkpoint(spec: dict) -> str:
+    """Where another engine (vLLM) reads a published head from: its local directory, else its hub snapshot in
+    the local cache, else its hub id."""
+    from specbench import hub_cache
+
+    if spec.get("path"):
+        return str(Path(spec["path"]).expanduser())
+    return str(hub_cache.cached_snapshot(spec["hub_id"], spec.get("revision")) or spec["hub_id"])

@@ -68,6 +68,14 @@ class Engine(ABC):
     dtype: str
     decoded_by: dict[str, str]
     greedy: bool
+    # Appended to the method's name in records and tables ("pld@vllm"), so that one drafter config run by two
+    # engines is never shown under one name.
+    method_suffix: str = ""
+    # Whether the run decodes each question by the method and its baseline, back to back (batch 1, paired).
+    paired: bool = True
+    # Requests in flight at which the engine is also measured under load (``serve``); none for an engine that
+    # decodes one request at a time.
+    load_levels: list[int] = []
 
     @abstractmethod
     def run_settings(self) -> dict:
@@ -98,6 +106,15 @@ class Engine(ABC):
     def answer(self, prompt: Prompt, role: str, on_step: OnStep | None = None) -> Answer:
         """Every turn of ``prompt`` decoded for ``role`` (``METHOD`` or ``BASELINE``); raises ``SkipQuestion``
         when the question cannot be answered whole."""
+
+    def serve(self, prompts: list[Prompt], role: str, concurrency: int):
+        """Under load (only engines with ``load_levels``): every prompt's first turn for ``role`` with
+        ``concurrency`` requests in flight; returns the completions (``specbench.engines.vllm_requests.Completion``,
+        in order) and the seconds from the first submission to the last completion."""
+        raise NotImplementedError(f"{type(self).__name__} decodes one request at a time")
+
+    def close(self) -> None:
+        """Stop whatever the engine started (processes, servers); called once the run ends, however it ends."""
 
     @abstractmethod
     def save_state(self, run_dir: RunDirectory) -> None:

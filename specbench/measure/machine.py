@@ -119,8 +119,34 @@ def other_load(seconds: float = 0.3, reuse_for_s: float = 10.0) -> float | None:
 
 
 def _own_cpu_s() -> float:
+    """CPU seconds of this process and of its live descendants: an engine that computes in child processes
+    (vLLM's engine core and workers) is this run's own load, not another's."""
     times = os.times()
-    return times.user + times.system
+    return times.user + times.system + sum(_process_cpu_s(pid) for pid in _descendants(os.getpid()))
+
+
+def _descendants(pid: int) -> list[int]:
+    """The live descendants of ``pid`` (Linux /proc; none elsewhere)."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                pids = [int(child) for child in children.read_text().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(pids)
+            frontier.extend(pids)
+    return found
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def max_threads(cores: float) -> int:

@@ -90,7 +90,7 @@ def load_gguf(
         converted, dtype=torch_dtype, local_files_only=True, attn_implementation="sdpa", **placement.load_kwargs
     )
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source or str(file),
-                          linear_backend, family, placement.kind, chat_template_kwargs)
+                          linear_backend, family, placement.kind, chat_template_kwargs, checkpoint=str(converted))
 
 
 # config.check_group_values calls these before anything loads

@@ -95,8 +95,10 @@ def load_pretrained(
             if refusal is not None:
                 raise refusal from download_error
             raise SpecbenchError(_unavailable_message(name, hub_id)) from download_error
+    # Another engine reads the very files loaded here: the local directory, or the hub snapshot in the cache.
+    checkpoint = source if path else str(hub_cache.cached_snapshot(hub_id, revision) or hub_id)
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source, linear_backend,
-                          family, placement.kind, chat_template_kwargs)
+                          family, placement.kind, chat_template_kwargs, checkpoint=checkpoint)
 
 
 load_pretrained.check_arguments = check_prompt_arguments  # config.check_group_values calls it before anything loads

@@ -33,6 +33,9 @@ class LoadedModel:
     source: str
     family: str | None = None
     placement: str = "single"
+    # Where another engine (vLLM) can load the same weights from: a checkpoint directory or a hub id; None for a
+    # model built in memory (tiny-random), which that engine saves first.
+    checkpoint: str | None = None
     _fingerprint: str | None = None
 
     @property
@@ -102,7 +105,8 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
 
 
 def finish_loading(name, model, tokenizer, prompt_format, system_message, device, source, linear_backend,
-                   family=None, placement: str = "single", chat_template_kwargs=None) -> LoadedModel:
+                   family=None, placement: str = "single", chat_template_kwargs=None,
+                   checkpoint: str | None = None) -> LoadedModel:
     """The last steps of every loader: move the model to ``device`` in eval mode (unless ``placement`` says
     accelerate or tensor parallelism placed it already), choose its linear kernels, and wrap it with its prompt
     format (``chat_template_kwargs``: the chat template's keywords), EOS ids and context length."""
@@ -135,4 +139,5 @@ def finish_loading(name, model, tokenizer, prompt_format, system_message, device
         source=source,
         family=family,
         placement=placement,
+        checkpoint=checkpoint,
     )

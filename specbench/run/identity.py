@@ -45,6 +45,9 @@ NOT_RESULT_SETTINGS = {
     "task.name": "a label",
     "task.tasks": "selects questions: a run directory can be extended to more tasks",
     "task.limit_per_task": "selects questions: a run directory can be extended to more questions",
+    "engine.concurrency": "selects load levels: a run directory can be extended to more levels",
+    "engine.paired": "selects what is measured: a run under load can be extended by its paired questions",
+    "engine.request_timeout_s": "a limit: a request that outlives it is skipped or its level fails, never changed",
 }
 # run.json's name for each config group.
 RESULT_GROUPS = {"model": "model_config", "drafter": "drafter", "run": "run", "task": "task"}
@@ -70,6 +73,12 @@ def config_settings(cfg: DictConfig) -> dict:
         node = OmegaConf.to_container(cfg[group], resolve=True)
         settings[key] = {name: value for name, value in node.items() if f"{group}.{name}" not in NOT_RESULT_SETTINGS}
     settings["task"]["content_sha256"] = question_file_digest(cfg.task.path)
+    engine = cfg.get("engine")
+    if engine is not None and engine.name != "specbench":
+        # Only another engine is recorded: a run.json without "engine" is the specbench loop's, as every run
+        # directory written before engines were a config group is.
+        node = OmegaConf.to_container(engine, resolve=True)
+        settings["engine"] = {name: value for name, value in node.items() if f"engine.{name}" not in NOT_RESULT_SETTINGS}
     return settings
 
 
