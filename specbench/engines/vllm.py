@@ -166,6 +166,7 @@ class VllmEngine(Engine):
         env = {**environment(model), "engine": version, "vllm_platform": platform}
         sources = drafter.sources() if method in ("eagle", "eagle3", "draft_model") else {}
         args = engine_arguments(target_dir, model, engine_settings, settings, platform)
+        check_head_size(model, platform)
         release(model, drafter)
         served = start_engines(args, spec, settings.baseline or bool(engine_settings.concurrency),
                                checkpoint, drafter.name)
@@ -286,6 +287,22 @@ def check_device(device: str, platform: str) -> None:
         raise SpecbenchError(f"run.device={device}, but this vLLM is {build_name}; use run.device=auto or "
                              f"{platform}, or build the other one (SPECBENCH_VLLM={'gpu' if wanted == 'cuda' else 'cpu'} "
                              "scripts/vllm_env.sh)")
+
+
+def check_head_size(model: LoadedModel, platform: str) -> None:
+    """Refuse, before vLLM starts, a target whose attention heads vLLM's CPU kernels do not support (its worker
+    would die on the first request with a stack trace)."""
+    if platform != "cpu":
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = model.weights.architecture
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise SpecbenchError(f"{model.name} has attention heads of {head_dim} dimensions, which vLLM's CPU kernels do "
+                             f"not support (they support {', '.join(map(str, supported))}); for tiny-random set "
+                             "model.hidden_size to 32 times model.num_heads, e.g. model.hidden_size=128")
 
 
 def save_for_vllm(model: LoadedModel, model_node: DictConfig) -> str:
