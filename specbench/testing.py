@@ -53,7 +53,8 @@ def isolated_cache(prefix: str, share_models: bool, on_made: Callable[[Path], ob
     statistics corpus is replaced by the tests' small text, so nothing is downloaded.
 
     share_models: link ``models/`` to the real cache's, so that a converted model checkpoint (the embedded model)
-                  is converted once for every test session rather than once each.
+                  is converted once for every test session rather than once each; and ``venvs/``, so that the
+                  environments built once per machine (scripts/vllm_env.sh, scripts/floor_env.sh) are found.
     on_made:      called with the folder as soon as it exists, with Ctrl-C held back, so that the caller records
                   it for removal before an interrupt can leave it behind unrecorded (the GPU check's finally
                   removes only what it recorded; the tests register an atexit removal)."""
@@ -71,6 +72,9 @@ def isolated_cache(prefix: str, share_models: bool, on_made: Callable[[Path], ob
     try:  # an interrupt while it is being filled removes it too
         if share_models:
             (cache / "models").symlink_to(real_models, target_is_directory=True)
+            real_venvs = cache_root(None) / "venvs"
+            if real_venvs.is_dir():
+                (cache / "venvs").symlink_to(real_venvs, target_is_directory=True)
         corpus = cache / "corpora" / "python-docs"
         corpus.mkdir(parents=True)
         shutil.copy(TEST_CORPUS, corpus / "corpus.txt")

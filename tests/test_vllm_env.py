@@ -67,7 +67,8 @@ def test_vllm_engine_runs_pld_paired_and_under_load_on_tiny_random(tmp_path):
 
     again = specbench(python, *TINY, "drafter=pld", "engine.concurrency=[2]", f"hydra.run.dir={run}")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "nothing to run" in again.stderr  # a finished run resumes without starting vLLM
+    assert "nothing to run" in again.stdout + again.stderr  # a finished run resumes without starting vLLM
+    assert "EngineCore" not in again.stdout + again.stderr
 
 
 def test_vllm_engine_refuses_a_drafter_it_lacks_in_one_line(tmp_path):
