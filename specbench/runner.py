@@ -113,8 +113,6 @@ def measure(engine: Engine, settings: RunSettings, run_dir: RunDirectory, finish
     and the baseline through ``engine``, recording each as it finishes; return the summary."""
     skipped = processes.share({record["question_id"] for record in run_dir.skipped})
     pending = [prompt for prompt in questions if prompt.question_id not in finished and prompt.question_id not in skipped]
-    if not engine.paired:  # only the run under load (engine.paired=false)
-        pending = []
     method = settings.method_name(engine.drafter_name) + engine.method_suffix
     header = summary_header(engine, method)
     if finished:
@@ -122,6 +120,8 @@ def measure(engine: Engine, settings: RunSettings, run_dir: RunDirectory, finish
     pending = [prompt for prompt in pending if _fits(engine, prompt, run_dir)]
     if pending:
         pending = engine.warm_up(pending, run_dir, finished, lambda prompt, skip: _record_skip(run_dir, prompt, skip))
+    if not engine.paired:  # warmed up, but measured only under load (engine.paired=false)
+        pending = []
     with tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
               desc=f"{method} vs ar" if settings.baseline else method, dynamic_ncols=True,
               disable=not processes.primary) as bar:

@@ -200,6 +200,7 @@ class VllmEngine(Engine):
             params = self._params(min(self.settings.warmup_max_new_tokens, self.max_len - len(ids)), seed=0)
             for _ in range(self.settings.warmup_runs):
                 served.complete(ids, params, self.engine_settings.request_timeout_s)
+            served.forget_prefixes()  # the first measured question is prefilled, not read from the warm-up's cache
         return pending
 
     def answer(self, prompt: Prompt, role: str, on_step: OnStep | None = None) -> Answer:
@@ -386,6 +387,10 @@ def start_engines(args: dict, spec: dict | None, with_baseline: bool, checkpoint
                 f"target {args['model']}"
             raise SpecbenchError(start_failure(what, error)) from error
 
+    if "gpu_memory_utilization" in args and spec is not None and with_baseline:
+        # The share is the run's: two engines on the same GPUs take half each (vLLM refuses to start one that
+        # finds less free memory than its share).
+        args = {**args, "gpu_memory_utilization": args["gpu_memory_utilization"] / 2}
     method = start(spec, drafter_name if spec else "ar")
     served = {METHOD: method}
     if with_baseline:
@@ -404,8 +409,9 @@ def start_failure(what: str, error: Exception) -> str:
     text = text if len(text) <= 300 else text[:297] + "..."
     lowered = text.lower()
     if "memory" in lowered or "kv cache" in lowered or "cache blocks" in lowered:
-        return (f"vLLM could not start for {what}: {text}; give it room: a smaller engine.max_model_len, or more "
-                "engine.cpu_kv_cache_gib (CPU) / engine.gpu_memory_utilization (GPU)")
+        return (f"vLLM could not start for {what}: {text}; give it room: a smaller engine.max_model_len, more "
+                "engine.cpu_kv_cache_gib (CPU), or on a GPU an engine.gpu_memory_utilization that fits what is free "
+                "(a paired run's two engines take half of it each)")
     return f"vLLM could not load {what}: {type(error).__name__}: {text}"
 
 

@@ -39,8 +39,8 @@ VLLM_METHODS = {
 }
 # The drafter configs (conf/drafter/) engine=vllm runs, for the refusal of the others (pinned by a test against
 # the configs' classes).
-VLLM_DRAFTERS = ("ar", "draft_model", "eagle", "eagle2", "eagle3", "opt-small", "pld", "qwen-0.5b", "sps", "suffix",
-                 "wide-pruned")
+VLLM_DRAFTERS = ("ar", "draft_model", "eagle", "eagle2", "eagle3", "opt-small", "pld", "pld-hd", "qwen-0.5b", "sps",
+                 "suffix", "wide-pruned")
 # Run settings that tune specbench's own loop; vLLM has nothing that honours them.
 LOOP_ONLY_RUN_SETTINGS = {"draft_budget": "off", "verify_padding": "off"}
 

@@ -1,5 +1,6 @@
 """Requests to one vLLM engine running in this process (vLLM's ``AsyncLLM``, whose engine core runs in a child
-process), driven from synchronous code through an event loop of its own. The only module that imports vLLM.
+process), driven from synchronous code through an event loop of its own. vLLM is imported inside functions here and in
+``specbench.engines.vllm``, so importing either module needs no vLLM.
 
 Why ``AsyncLLM`` and not vLLM's OpenAI-compatible server: the same scheduler, batching and speculative decoding
 run either way, and in-process the client's clock sees each token as it streams out without HTTP's
@@ -151,9 +152,15 @@ class ServedModel:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
 
+        self.forget_prefixes()  # each level prefills its prompts as a first visit does, not from an earlier level
         start = time.perf_counter()
         completions = self.loop.run_until_complete(run())
         return list(completions), time.perf_counter() - start
+
+    def forget_prefixes(self) -> None:
+        """Empty vLLM's prefix cache (on by default), so that prompts an earlier measurement or the warm-up sent
+        are prefilled again rather than read from it."""
+        self.loop.run_until_complete(self.engine.reset_prefix_cache())
 
     def shutdown(self) -> None:
         """Stop the engine's processes and close the loop, its pending tasks cancelled first (so that nothing
