@@ -7,7 +7,8 @@ derives from ``draft_model``) maps as its class does:
 
     drafter class            vLLM method    settings read from the drafter config
     ar (NoDraft)             none           -
-    pld (PromptLookup)       ngram          num_draft_tokens, max_ngram_size, min_ngram_size
+    pld, pld-hd (PromptLookup)
+                             ngram          num_draft_tokens, max_ngram_size, min_ngram_size
     suffix (SuffixDecoding)  suffix         max_tree_depth, max_cached_requests, max_spec_tokens, max_spec_factor,
                                             min_token_prob (needs the arctic-inference package)
     eagle/eagle2 (Eagle)     eagle          the head's directory, depth (tokens drafted per step)
@@ -39,8 +40,8 @@ VLLM_METHODS = {
 }
 # The drafter configs (conf/drafter/) engine=vllm runs, for the refusal of the others (pinned by a test against
 # the configs' classes).
-VLLM_DRAFTERS = ("ar", "draft_model", "eagle", "eagle2", "eagle3", "opt-small", "pld", "qwen-0.5b", "sps", "suffix",
-                 "wide-pruned")
+VLLM_DRAFTERS = ("ar", "draft_model", "eagle", "eagle2", "eagle3", "opt-small", "pld", "pld-hd", "qwen-0.5b", "sps",
+                 "suffix", "wide-pruned")
 # Run settings that tune specbench's own loop; vLLM has nothing that honours them.
 LOOP_ONLY_RUN_SETTINGS = {"draft_budget": "off", "verify_padding": "off"}
 
