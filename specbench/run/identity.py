@@ -107,7 +107,9 @@ def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict
     refusal = unrecorded_refusal(output_dir, earlier)
     if refusal is not None:
         raise refusal
-    refusal = resume_refusal(output_dir, earlier, settings, sorted(settings))
+    # "engine" is recorded only for an engine other than the specbench loop, so a run.json that has it is compared
+    # on it even when this configuration has none (a vLLM run directory resumed with engine=specbench).
+    refusal = resume_refusal(output_dir, earlier, settings, sorted(set(settings) | ({"engine"} & set(earlier))))
     if refusal is not None:
         raise refusal
 
