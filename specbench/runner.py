@@ -30,7 +30,8 @@ from specbench.questions import Prompt, read_questions, select_questions
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import Answer
 from specbench.run.load_sweep import measure_load
-from specbench.run.identity import already_finished, check_resumable, config_settings, earlier_settings, planned_settings
+from specbench.run.identity import (already_finished, check_resumable, config_settings, earlier_settings,
+                                    planned_load_levels, planned_settings)
 from specbench.run.threads import choose_threads
 from specbench.storage.run_lock import RunLock
 from specbench.settings import RunSettings
@@ -69,7 +70,7 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
         # Everything the configuration fixes is checked before anything is loaded or written.
         earlier = earlier_settings(output_dir)
         check_resumable(output_dir, earlier, wanted)
-        return earlier, already_finished(output_dir, questions, settings.baseline, run_dir)
+        return earlier, already_finished(output_dir, questions, settings.baseline, run_dir, planned_load_levels(cfg))
 
     earlier, finished_summary = processes.decide(check_directory)
     if finished_summary is not None:
