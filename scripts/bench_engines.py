@@ -216,5 +216,4 @@ def print_table(rows: list[dict], environments: dict, args) -> None:
 
 
 if __name__ == "__main__":
-    with reporting_user_errors("bench_engines"):
-        sys.exit(main())
+    sys.exit(_interrupts.run(reporting_user_errors("bench_engines", main)))

@@ -27,11 +27,11 @@ from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended
 from specbench.measure.mismatch import diagnose
 from specbench.models.devices import resolve_device
 from specbench.questions import Prompt, read_questions, select_questions
-from specbench.results.load import finished_levels
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import Answer
 from specbench.run.load_sweep import measure_load
-from specbench.run.identity import already_finished, check_resumable, config_settings, earlier_settings, planned_settings
+from specbench.run.identity import (already_finished, check_resumable, config_settings, earlier_settings,
+                                    planned_load_levels, planned_settings)
 from specbench.run.threads import choose_threads
 from specbench.storage.run_lock import RunLock
 from specbench.settings import RunSettings
@@ -70,10 +70,10 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
         # Everything the configuration fixes is checked before anything is loaded or written.
         earlier = earlier_settings(output_dir)
         check_resumable(output_dir, earlier, wanted)
-        return earlier, already_finished(output_dir, questions, settings.baseline, run_dir)
+        return earlier, already_finished(output_dir, questions, settings.baseline, run_dir, planned_load_levels(cfg))
 
     earlier, finished_summary = processes.decide(check_directory)
-    if finished_summary is not None and not missing_load_levels(cfg, output_dir):
+    if finished_summary is not None:
         log.info("%s: every selected question is already done; nothing to run", output_dir)
         return finished_summary
     threads, timing = choose_threads(settings, earlier, processes.world_size)
@@ -96,15 +96,6 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
             return summary
         finally:
             engine.close()
-
-
-def missing_load_levels(cfg: DictConfig, output_dir: str) -> list[tuple[int, str]]:
-    """The (level, role) pairs of ``engine.concurrency`` that ``output_dir``'s load.jsonl lacks (none for an
-    engine without levels), so that a finished paired run extended by load levels is not taken as done."""
-    levels = (cfg.get("engine") or {}).get("concurrency") or []
-    levels = [levels] if isinstance(levels, int) else list(levels)
-    done = finished_levels(output_dir)
-    return [(int(level), role) for level in levels for role in (BASELINE, METHOD) if (int(level), role) not in done]
 
 
 def measure(engine: Engine, settings: RunSettings, run_dir: RunDirectory, finished: set, questions: list[Prompt],

@@ -49,8 +49,8 @@ def leaf_keys(node, prefix=""):
 # --- run.json covers every setting -------------------------------------------------------------------------
 
 def test_every_key_of_every_config_is_recorded_or_listed_as_not_affecting_results():
-    """A key added to any model, drafter, task or run config is recorded in run.json unless NOT_RESULT_SETTINGS
-    names it with a reason; so resuming with it changed is refused."""
+    """A key added to any model, drafter, task, run or engine config is recorded in run.json unless
+    NOT_RESULT_SETTINGS names it with a reason; so resuming with it changed is refused."""
     from omegaconf import OmegaConf
 
     used_exclusions = set()
@@ -66,6 +66,20 @@ def test_every_key_of_every_config_is_recorded_or_listed_as_not_affecting_result
                     assert key not in recorded[RESULT_GROUPS[group]]
                 else:
                     assert recorded[RESULT_GROUPS[group]][key] == node[key], dotted
+    for option in group_options("engine"):
+        cfg = compose([f"engine={option}"])
+        recorded = config_settings(cfg)
+        node = OmegaConf.to_container(cfg.engine, resolve=True)
+        if node["name"] == "specbench":  # the specbench loop records no "engine": older run.json files match it
+            assert "engine" not in recorded
+            continue
+        for key in node:
+            dotted = f"engine.{key}"
+            if dotted in NOT_RESULT_SETTINGS:
+                used_exclusions.add(dotted)
+                assert key not in recorded["engine"]
+            else:
+                assert recorded["engine"][key] == node[key], dotted
     run_node = OmegaConf.to_container(compose([]).run, resolve=True)
     assert config_settings(compose([]))["run"] == run_node
     assert used_exclusions == set(NOT_RESULT_SETTINGS)  # no stale entry

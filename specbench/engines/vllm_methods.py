@@ -7,7 +7,8 @@ derives from ``draft_model``) maps as its class does:
 
     drafter class            vLLM method    settings read from the drafter config
     ar (NoDraft)             none           -
-    pld (PromptLookup)       ngram          num_draft_tokens, max_ngram_size, min_ngram_size
+    pld, pld-hd (PromptLookup)
+                             ngram          num_draft_tokens, max_ngram_size, min_ngram_size
     suffix (SuffixDecoding)  suffix         max_tree_depth, max_cached_requests, max_spec_tokens, max_spec_factor,
                                             min_token_prob (needs the arctic-inference package)
     eagle/eagle2 (Eagle)     eagle          the head's directory, depth (tokens drafted per step)

@@ -8,8 +8,9 @@
     drafter_state.npz        what the drafter carries across questions (Token Recycling's matrix) after the
                              questions listed in it, for drafters that carry any: a resumed run continues from it
     skipped.jsonl            questions that cannot be run here, and why: a prompt longer than the model's context
-                             (cause "too_long"), or a question that ran out of GPU memory ("out_of_memory", with
-                             the memory figures of every GPU the target uses)
+                             (cause "too_long"), a question that ran out of GPU memory ("out_of_memory", with
+                             the memory figures of every GPU the target uses), or one whose request to vLLM did not
+                             finish in engine.request_timeout_s ("timeout", with timeout_s)
     verify_latency.json      the start-up verify-latency calibration (with run.verify_padding or run.draft_budget)
     specbench.log            the run's log; .hydra/ the composed config and overrides (CLI runs)
     .specbench.lock          held by the process running here (pid, host, start); a second run is refused

@@ -150,4 +150,4 @@ def original_passes(steps: list[StepRecord]) -> list[StepRecord]:
 # Why a question is in skipped.jsonl, as the summary counts them. Records written before causes were kept have
 # none: those were all prompts too long for the context.
 SKIP_CAUSES = {"too_long": "too long for the context", "out_of_memory": "out of GPU memory",
-               "timeout": "past the engine's time limit per request"}
+               "timeout": "unfinished after engine.request_timeout_s"}

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.questions import Prompt
+from specbench.results.load import finished_levels
 from specbench.results.readers import read_json_file
 from specbench.results.resumable import resume_refusal
 from specbench.results.run_directory import RunDirectory
@@ -107,24 +108,37 @@ def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict
     refusal = unrecorded_refusal(output_dir, earlier)
     if refusal is not None:
         raise refusal
-    refusal = resume_refusal(output_dir, earlier, settings, sorted(settings))
+    # "engine" is recorded only for an engine other than the specbench loop, so a run.json that has it is compared
+    # on it even when this configuration has none (a vLLM run directory resumed with engine=specbench).
+    refusal = resume_refusal(output_dir, earlier, settings, sorted(set(settings) | ({"engine"} & set(earlier))))
     if refusal is not None:
         raise refusal
 
 
 def already_finished(output_dir: str, questions: list[Prompt], with_baseline: bool,
-                     run_dir: RunDirectory | None = None) -> dict | None:
-    """The summary of ``output_dir`` when it already holds every selected question for these settings, so a
-    re-run sweep skips finished cells without loading anything; None otherwise. ``run_dir``: the RunDirectory
-    the run opens afterwards, so that a bad line read here is not warned about twice."""
+                     run_dir: RunDirectory | None = None, load_levels: list[int] = ()) -> dict | None:
+    """The summary of ``output_dir`` when it already holds every selected question for these settings, and every
+    level of ``load_levels`` (``engine.concurrency``) for both roles, so a re-run sweep skips finished cells
+    without loading anything; None otherwise. ``run_dir``: the RunDirectory the run opens afterwards, so that a
+    bad line read here is not warned about twice."""
     summary_file = Path(output_dir) / "summary.json"
     if not summary_file.is_file():
         return None
+    if not {(level, role) for level in load_levels for role in ("baseline", "method")} <= finished_levels(output_dir):
+        return None  # an interrupted run under load, or one extended to more levels
     run_dir = run_dir or RunDirectory(output_dir, with_baseline=with_baseline)
     done = run_dir.finished_ids() | run_dir.skipped_ids()
     if not all(prompt.question_id in done for prompt in questions):
         return None
     return read_json_file(summary_file, "summary of the run in that directory")
+
+
+def planned_load_levels(cfg: DictConfig) -> list[int]:
+    """The load levels the configuration asks for (``engine.concurrency``; none for an engine without them)."""
+    levels = OmegaConf.select(cfg, "engine.concurrency", default=None)
+    if levels is None:
+        return []
+    return [int(levels)] if isinstance(levels, int) else [int(level) for level in levels]
 
 
 def planned_settings(world_size: int) -> dict:

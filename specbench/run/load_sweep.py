@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from tqdm import tqdm
@@ -16,6 +17,7 @@ from specbench.errors import SpecbenchError
 from specbench.questions import Prompt
 from specbench.results.load import LOAD_FILE, RequestTiming, read_load_levels, summarise_level
 from specbench.storage.atomic import append_whole
+from specbench.storage.refusal import raise_refusal
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,19 @@ def token_digests(completions) -> dict[str, str]:
     return {str(completion.key): token_digest(completion.token_ids) for completion in completions}
 
 
+def drop_cut_line(path: Path) -> None:
+    """Cut ``path`` back to its last whole line: a line a killed session left without its newline (its level is
+    measured again) would otherwise run into the next line appended, and that level would be lost as well."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        try:
+            os.truncate(path, data.rfind(b"\n") + 1)
+        except OSError as error:
+            raise_refusal(error, path)
+
+
 def measure_load(engine: Engine, method: str, run_dir: str | Path, prompts: list[Prompt]) -> list[dict]:
     """Every level of ``engine.load_levels`` not yet in ``run_dir``'s load.jsonl, AR first; returns every line
     the file then holds."""
@@ -57,6 +72,8 @@ def measure_load(engine: Engine, method: str, run_dir: str | Path, prompts: list
         return read_load_levels(run_dir)
     done = {(int(line["concurrency"]), line["role"]): line for line in read_load_levels(run_dir)}
     todo = [(level, role) for level in engine.load_levels for role in (BASELINE, METHOD) if (level, role) not in done]
+    if todo:
+        drop_cut_line(path)
     names = {BASELINE: "ar" + engine.method_suffix, METHOD: method}
     with tqdm(total=len(engine.load_levels) * 2, initial=len(engine.load_levels) * 2 - len(todo), unit="level",
               desc="under load", dynamic_ncols=True) as bar:
