@@ -210,3 +210,21 @@ def test_own_cpu_time_counts_a_live_child_process():
     finally:
         child.stdin.close()
         child.wait(timeout=30)
+
+
+def test_load_engine_picks_the_engine_the_config_names(monkeypatch):
+    """specbench.engines.load_engine: engine.name=vllm loads VllmEngine (which refuses in one line without vLLM),
+    anything else the specbench loop."""
+    from omegaconf import OmegaConf
+
+    from specbench.engines import load_engine
+    from specbench.engines.specbench_loop import SpecbenchLoop
+    from specbench.engines.vllm import VllmEngine
+
+    picked = []
+    monkeypatch.setattr(SpecbenchLoop, "load", classmethod(lambda cls, *args: picked.append("specbench") or "loop"))
+    monkeypatch.setattr(VllmEngine, "load", classmethod(lambda cls, *args: picked.append("vllm") or "vllm"))
+    assert load_engine(OmegaConf.create({"name": "specbench"}), None, None, None, None) == "loop"
+    assert load_engine(None, None, None, None, None) == "loop"  # a config composed without the engine group
+    assert load_engine(OmegaConf.create({"name": "vllm"}), None, None, None, None) == "vllm"
+    assert picked == ["specbench", "specbench", "vllm"]
