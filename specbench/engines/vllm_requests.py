@@ -166,7 +166,7 @@ class ServedModel:
         """Stop the engine's processes and close the loop, its pending tasks cancelled first (so that nothing
         complains of a closed loop at exit)."""
         try:
-            self.engine.shutdown()
+            self.engine.shutdown(timeout=15)  # room for its workers to exit on their own (else it kills them at 5 s)
             self.engine = None  # AsyncLLM.__del__ would shut it down again while the interpreter exits
             import gc
 
