@@ -150,6 +150,7 @@ def test_the_vllm_config_is_valid_as_shipped():
     ({"max_num_seqs": -1}, "engine.max_num_seqs"),
     ({"tensor_parallel_size": 0}, "engine.tensor_parallel_size"),
     ({"cpu_kv_cache_gib": 0}, "engine.cpu_kv_cache_gib"),
+    ({"cpu_kv_cache_gib": 0.5}, "engine.cpu_kv_cache_gib"),  # vLLM reads whole GiB only
     ({"gpu_memory_utilization": 1.5}, "engine.gpu_memory_utilization"),
     ({"gpu_memory_utilization": 0}, "engine.gpu_memory_utilization"),
 ])

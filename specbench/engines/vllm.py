@@ -137,7 +137,7 @@ class VllmEngine(Engine):
         engine_settings = VllmSettings.from_config(OmegaConf.to_container(engine_node, resolve=True))
         drafter_values = OmegaConf.to_container(drafter_node, resolve=True)
         method = vllm_method(drafter_values)
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{engine_settings.cpu_kv_cache_gib:g}")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine_settings.cpu_kv_cache_gib))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
         platform = vllm_platform()
         check_device(settings.device, platform)

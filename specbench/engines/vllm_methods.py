@@ -57,7 +57,7 @@ class VllmSettings:
     max_model_len: int = 4096
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.85
-    cpu_kv_cache_gib: float = 2.0
+    cpu_kv_cache_gib: int = 2
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
 
@@ -85,10 +85,11 @@ class VllmSettings:
         if len(set(levels)) != len(levels):
             raise SpecbenchError(f"engine.concurrency lists a level twice: {list(levels)}")
         self.concurrency = [int(level) for level in levels]
-        for key in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
+        # cpu_kv_cache_gib: vLLM reads VLLM_CPU_KVCACHE_SPACE as a whole number of GiB
+        for key in ("max_model_len", "max_num_seqs", "tensor_parallel_size", "cpu_kv_cache_gib"):
             if not _positive_int(getattr(self, key)):
                 raise SpecbenchError(f"engine.{key} must be a positive integer, got {getattr(self, key)!r}")
-        for key in ("request_timeout_s", "cpu_kv_cache_gib"):
+        for key in ("request_timeout_s",):
             if not _positive_number(getattr(self, key)):
                 raise SpecbenchError(f"engine.{key} must be a positive number, got {getattr(self, key)!r}")
         if not _positive_number(self.gpu_memory_utilization) or self.gpu_memory_utilization > 1:
