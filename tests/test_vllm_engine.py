@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specbench.engines.vllm import check_device, start_failure, steps_from_counts, strip_stop, token_digest
+from specbench.engines.vllm import check_device, start_failure, steps_from_counts, as_loop_tokens, token_digest
 from specbench.engines.vllm_methods import VLLM_DRAFTERS
 from specbench.engines.vllm_requests import top_arrays
 
@@ -66,13 +66,13 @@ def test_without_speculation_every_step_decodes_one_token():
     assert steps_from_counts(7, 0, counts([3], [3])) == []
 
 
-def test_the_stop_token_vllm_ends_with_is_dropped():
-    assert strip_stop([5, 6, 2], {2}) == [5, 6]
-    assert strip_stop([5, 2, 6], {2}) == [5, 2, 6]  # only the last
-    assert strip_stop([2, 2], {2}) == [2]
-    assert strip_stop([], {2}) == []
-    kept = [5, 6]
-    assert strip_stop(kept, {2}) == kept and strip_stop(kept, {2}) is not kept
+def test_the_eos_token_that_ends_a_turn_is_kept_as_the_specbench_loop_keeps_it():
+    from specbench.decoding.loop import cut_at_eos
+
+    generated = [5, 6, 2, 9]
+    loop_tokens, ended = cut_at_eos(generated, frozenset({2}))
+    assert ended and as_loop_tokens([5, 6, 2]) == loop_tokens == [5, 6, 2]  # vLLM's output, stopped at EOS
+    assert as_loop_tokens((5, 6)) == [5, 6] and all(type(token) is int for token in as_loop_tokens((5, 6)))
 
 
 # --- refusals and advice ----------------------------------------------------------------------------------------

@@ -98,10 +98,11 @@ def steps_from_counts(prompt_length: int, tokens: int, spec: dict | None) -> lis
     return steps
 
 
-def strip_stop(token_ids: list[int], eos_ids) -> list[int]:
-    """A turn's tokens as the specbench loop keeps them: vLLM ends its output with the stop token it met, which
-    is dropped here, so that both engines' answers compare token for token."""
-    return token_ids[:-1] if token_ids and token_ids[-1] in eos_ids else list(token_ids)
+def as_loop_tokens(token_ids) -> list[int]:
+    """A turn's tokens as the specbench loop keeps them: up to and including the EOS token that ended it
+    (``specbench.decoding.loop.cut_at_eos``), which vLLM keeps too when a stop token ends the request; so the two
+    engines' answers compare token for token, and a turn's token count is the same in both."""
+    return [int(token) for token in token_ids]
 
 
 class VllmEngine(Engine):
@@ -222,7 +223,7 @@ class VllmEngine(Engine):
                 raise SkipQuestion(f"question {prompt.question_id} ({self.decoded_by[role]}), turn {turn + 1}: "
                                    f"{timed_out}", cause="timeout",
                                    details={"timeout_s": self.engine_settings.request_timeout_s}) from None
-            tokens = strip_stop(completion.token_ids, self.model.eos_token_ids)
+            tokens = as_loop_tokens(completion.token_ids)
             answer.texts.append(self.model.decode(tokens))
             answer.token_ids.append(tokens)
             answer.steps.append(steps_from_counts(len(ids), len(tokens), completion.spec))
@@ -245,7 +246,7 @@ class VllmEngine(Engine):
 
     def serve(self, prompts: list[Prompt], role: str, concurrency: int):
         """Every prompt's first turn with ``concurrency`` requests in flight for ``role``: the finished
-        completions in order (keyed by question id, stop tokens dropped) and the level's seconds."""
+        completions in order (keyed by question id) and the level's seconds."""
         requests = []
         for prompt in prompts:
             ids = self.model.encode_conversation([prompt.turns[0]], [])
@@ -254,7 +255,7 @@ class VllmEngine(Engine):
             requests.append((prompt.question_id, ids, params))
         completions, duration = self.served[role].serve(requests, concurrency, self.engine_settings.request_timeout_s)
         for completion in completions:
-            completion.token_ids = strip_stop(completion.token_ids, self.model.eos_token_ids)
+            completion.token_ids = as_loop_tokens(completion.token_ids)
         return completions, duration
 
     def _params(self, max_tokens: int, seed: int, logprobs: bool = True):
