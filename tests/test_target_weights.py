@@ -131,3 +131,23 @@ def test_a_loaded_model_holds_the_target_and_the_weights_its_loader_built(tiny):
     assert tiny.target.model is tiny.weights.module
     assert not hasattr(tiny, "model") and not hasattr(tiny, "backend")
     assert (tiny.vocab_size, tiny.num_layers, tiny.device) == (258, 2, torch.device("cpu"))
+
+
+def test_saved_weights_load_back_as_the_same_model(tmp_path):
+    """save_checkpoint writes what another engine (vLLM) loads: the same config and weights, as transformers reads
+    them back; a model on oneDNN's packed layers (no weights under transformers' names) is refused, not saved
+    half."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specbench import testing
+    from specbench.errors import SpecbenchError
+
+    model = testing.tiny_random("cpu", linear_backend="aten")
+    model.weights.save_checkpoint(tmp_path / "aten")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "aten", dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 7]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model.weights.logits(ids))
+    with pytest.raises(SpecbenchError, match="linear_backend=aten"):
+        testing.tiny_random("cpu", linear_backend="onednn").weights.save_checkpoint(tmp_path / "onednn")

@@ -315,8 +315,7 @@ def save_for_vllm(model: LoadedModel, model_node: DictConfig) -> str:
 
     directory = cache_root(None) / "models" / f"vllm-{model.name}-{model.weights_fingerprint[:16]}"
     if not (directory / "config.json").is_file():  # published whole (staging, manifest, rename) or not at all
-        module = model.weights.module
-        replace_directory(directory, lambda staging: module.save_pretrained(staging),
+        replace_directory(directory, model.weights.save_checkpoint,
                           {"what": f"{model.name} saved for vLLM", "source": model.source})
     return str(directory)
 

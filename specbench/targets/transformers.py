@@ -316,6 +316,12 @@ class TransformersWeights(TargetWeights):
     def pruned_copy(self, layers: list[int]) -> torch.nn.Module:
         return prune(self.module, layers)
 
+    def save_checkpoint(self, directory) -> None:
+        if self.linear_backend_used != "aten":  # oneDNN's packed layers hold no weight under transformers' names
+            raise SpecbenchError("a model whose linear layers run on oneDNN cannot be saved as a checkpoint; load it "
+                                 "with linear_backend=aten")
+        self.module.save_pretrained(directory)
+
 
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor, as one process has it: under tensor parallelism the weights are shards (DTensors)."""

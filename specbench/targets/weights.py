@@ -96,3 +96,8 @@ class TargetWeights(ABC):
     def pruned_copy(self, layers: list[int]) -> torch.nn.Module:
         """A new model of the same architecture with only ``layers`` of the decoder layers (renumbered 0..k-1),
         float32 on the host, with trainable standard linear layers: the draft that distillation trains."""
+
+    @abstractmethod
+    def save_checkpoint(self, directory) -> None:
+        """Write the weights and their config into ``directory`` as a Hugging Face checkpoint (config.json and
+        safetensors), for another engine to load: vLLM reads a model built in memory from there."""
