@@ -13,7 +13,8 @@ import pytest
 import specbench.runner as runner
 from specbench.config import compose
 from specbench.engines.base import BASELINE, METHOD, Engine, SkipQuestion
-from specbench.engines.vllm import steps_from_counts, token_digest
+from specbench.engines.vllm import steps_from_counts
+from specbench.results.load import token_digest
 from specbench.engines.vllm_requests import Completion, top_arrays
 from specbench.errors import SpecbenchError
 from specbench.results.load import LOAD_FILE, read_load_levels

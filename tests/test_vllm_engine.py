@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specbench.engines.vllm import check_device, start_failure, steps_from_counts, as_loop_tokens, token_digest
+from specbench.engines.vllm import check_device, start_failure, steps_from_counts, as_loop_tokens
+from specbench.results.load import token_digest
 from specbench.engines.vllm_methods import VLLM_DRAFTERS
 from specbench.engines.vllm_requests import top_arrays
 

@@ -23,9 +23,7 @@ How a run goes:
 from __future__ import annotations
 
 import gc
-import hashlib
 import importlib.util
-import json
 import logging
 import os
 
@@ -413,9 +411,3 @@ def start_failure(what: str, error: Exception) -> str:
                 "engine.cpu_kv_cache_gib (CPU), or on a GPU an engine.gpu_memory_utilization that fits what is free "
                 "(a paired run's two engines take half of it each)")
     return f"vLLM could not load {what}: {type(error).__name__}: {text}"
-
-
-def token_digest(token_ids: list[int]) -> str:
-    """A short digest of a request's tokens, so load levels compare outputs without storing them."""
-    return hashlib.sha256(json.dumps(list(map(int, token_ids))).encode()).hexdigest()[:16]
-

@@ -25,10 +25,13 @@ A line (``LoadLevel.to_line``):
     identical_to_baseline  for the method: requests whose tokens equal the baseline's at the same concurrency
                            (None for the baseline and when the baseline's level is missing)
     question_ids           the requests' questions, in submission order
+    token_digests          question id (as a string) -> ``token_digest`` of its tokens: the outputs compared across
+                           levels and roles without storing them
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -92,16 +95,24 @@ class LoadLevel:
     acceptance_by_position: list[float] | None = None
     identical_to_baseline: int | None = None
     question_ids: list = field(default_factory=list)
+    token_digests: dict = field(default_factory=dict)
 
     def to_line(self) -> dict:
         return asdict(self)
 
 
+def token_digest(token_ids) -> str:
+    """A short digest of a request's tokens, so load levels compare outputs without storing them."""
+    return hashlib.sha256(json.dumps(list(map(int, token_ids))).encode()).hexdigest()[:16]
+
+
 def summarise_level(concurrency: int, role: str, method: str, requests: list[RequestTiming], duration_s: float,
-                    counters: dict | None = None, baseline_tokens: dict | None = None) -> LoadLevel:
+                    counters: dict | None = None, baseline_tokens: dict | None = None,
+                    baseline_digests: dict | None = None) -> LoadLevel:
     """A ``LoadLevel`` from what the client measured (``requests``, ``duration_s``) and the engine's speculative
     ``counters`` ({drafts, draft_tokens, accepted_tokens, accepted_per_position}; None for AR).
-    ``baseline_tokens``: question id -> the baseline's tokens at this level, for ``identical_to_baseline``."""
+    For ``identical_to_baseline``, the baseline at this level: ``baseline_tokens`` (question id -> its tokens) or
+    ``baseline_digests`` (its line's ``token_digests``)."""
     if duration_s <= 0:
         raise ValueError(f"a level's duration must be positive, got {duration_s}")
     output_tokens = sum(len(request.token_ids) for request in requests)
@@ -114,6 +125,7 @@ def summarise_level(concurrency: int, role: str, method: str, requests: list[Req
         tpot_s=distribution(tpots),
         latency_s=distribution([request.last_token_s for request in requests]),
         question_ids=[request.question_id for request in requests],
+        token_digests={str(request.question_id): token_digest(request.token_ids) for request in requests},
     )
     if counters is not None:
         drafts, accepted = int(counters["drafts"]), int(counters["accepted_tokens"])
@@ -122,8 +134,10 @@ def summarise_level(concurrency: int, role: str, method: str, requests: list[Req
             level.mean_acceptance_length = 1 + accepted / drafts
             level.acceptance_by_position = [int(count) / drafts for count in counters["accepted_per_position"]]
     if baseline_tokens is not None:
-        level.identical_to_baseline = sum(
-            1 for request in requests if baseline_tokens.get(request.question_id) == list(request.token_ids))
+        baseline_digests = {str(key): token_digest(tokens) for key, tokens in baseline_tokens.items()}
+    if baseline_digests is not None:
+        level.identical_to_baseline = sum(1 for key, digest in level.token_digests.items()
+                                          if baseline_digests.get(key) == digest)
     return level
 
 

@@ -44,12 +44,6 @@ def spec_counters(completions) -> dict | None:
             "accepted_per_position": positions}
 
 
-def token_digests(completions) -> dict[str, str]:
-    from specbench.engines.vllm import token_digest
-
-    return {str(completion.key): token_digest(completion.token_ids) for completion in completions}
-
-
 def drop_cut_line(path: Path) -> None:
     """Cut ``path`` back to its last whole line: a line a killed session left without its newline (its level is
     measured again) would otherwise run into the next line appended, and that level would be lost as well."""
@@ -84,17 +78,13 @@ def measure_load(engine: Engine, method: str, run_dir: str | Path, prompts: list
             except SpecbenchError as error:
                 raise SpecbenchError(f"the load level of {level} requests in flight ({names[role]}) did not finish: "
                                      f"{error}; nothing of it was written, and the same command resumes at it") from None
-            digests = token_digests(completions)
-            baseline = done.get((level, BASELINE))
+            baseline = done.get((level, BASELINE)) if role == METHOD else None
             line = summarise_level(
                 level, role, names[role],
                 [RequestTiming(c.key, c.first_token_s, c.last_token_s, c.token_ids) for c in completions],
                 duration, spec_counters(completions) if role == METHOD else None,
+                baseline_digests=None if baseline is None else baseline["token_digests"],
             ).to_line()
-            line["token_digests"] = digests
-            if role == METHOD and baseline is not None:  # compared by digest: tokens are not stored
-                line["identical_to_baseline"] = sum(1 for key, digest in digests.items()
-                                                    if baseline["token_digests"].get(key) == digest)
             append_whole(path, (json.dumps(line) + "\n").encode(), sync=True)
             done[(level, role)] = line
             bar.update(1)
