@@ -30,7 +30,7 @@ def test_every_script_and_entry_point_wraps_its_main_in_the_one_line_errors():
     composer cannot find, a cache path through a file or a full disk inside a library's save were tracebacks."""
     import ast
 
-    assert {"build_datastore", "gpu_check", "train_eagle", "prepare", "analysis"} <= set(ENTRY_POINTS)
+    assert {"build_datastore", "gpu_check", "train_head", "prepare", "analysis"} <= set(ENTRY_POINTS)
     for program, path in ENTRY_POINTS.items():
         tree = ast.parse(path.read_text())
         block = [node for node in tree.body if isinstance(node, ast.If)
@@ -167,7 +167,7 @@ def test_a_full_disk_while_torch_saves_a_training_checkpoint_is_one_line_naming_
 
     import torch
 
-    from specbench.training import eagle as eagle_training
+    from specbench.training import heads as eagle_training
 
     def opening(path, mode="r", *args, **kwargs):
         return FullDisk() if "w" in mode else builtins.open(path, mode, *args, **kwargs)

@@ -1,6 +1,7 @@
-"""A trained EAGLE head (``training.eagle``) for a target no published head exists for, built once per target and
-recipe and published whole; a build interrupted resumes from its checkpoint (``training.eagle.train``, whose
-module docstring shows the layout)."""
+"""A draft head trained for a target no published head exists for (any kind of ``training.methods``: eagle,
+eagle3, medusa, hydra), built once per target and recipe by the one trainer (``training.heads``) with the kind's
+hooks, and published whole; a build interrupted resumes from its checkpoint (``training.heads.train``, whose module
+docstring shows the layout)."""
 
 from __future__ import annotations
 
@@ -12,38 +13,34 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from specbench.artefacts.base import Artefact
-from specbench.artefacts.target_answers import (
-    TargetAnswers,
-    read_prompts,
-    resolve_prompts,
-    sampled_answers,
-    target_answers,
-)
-from specbench.datastores.prompts import MODEL_DB_PROMPTS
+from specbench.artefacts.target_answers import TargetAnswers, sampled_answers, target_answers
 from specbench.errors import SpecbenchError
 from specbench.storage.cache import cached_path
 from specbench.storage.manifest import read_manifest, verify_files
 from specbench.storage.publish import replace_directory
-from specbench.training.eagle import (
+from specbench.training import methods
+from specbench.training.heads import (
     CHECKPOINT_S,
-    DATA_SECONDS,
-    SECONDS_PER_KILO_TOKEN_STEP,
+    EVAL_POSITIONS,
     Labels,
     Recipe,
-    greedy_token_counts,
-    held_out_acceptance,
+    acceptance,
+    common_names,
     held_out_indices,
-    new_head,
     recipe_of,
-    select_draft_vocabulary,
+    resolve_prompt_set,
     target_sequences,
     train,
+    training_sample,
 )
 
 log = logging.getLogger(__name__)
+SCRIPT = "scripts/train_head.py"
+# The target's features over one training sequence (SmolLM2-135M, 2 cores: 60 s for 160 answers of ~300 tokens).
+FEATURE_SECONDS_PER_SEQUENCE = 60.0 / 160
+TOKENS_PER_SEQUENCE = 300  # prompt + answer, for the estimate only
 
 
 def trained_head_directory(target, kind: str, spec: dict, cache_dir: str | None) -> Path:
@@ -52,31 +49,43 @@ def trained_head_directory(target, kind: str, spec: dict, cache_dir: str | None)
     spelling out the defaults are the same head."""
     recipe = recipe_of(kind, spec)
     return cached_path(cache_dir, "heads", f"{target.name}-{kind}",
-                       {"source": target.source, "kind": kind, **recipe.key(kind)})
+                       {"source": target.source, "kind": kind, **recipe.key()})
+
+
+def command_value(value) -> str:
+    """A setting's value as scripts/train_head.py reads it back (``setting_value``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    return str(value)
 
 
 def rebuild_command(target, directory: Path, kind: str, spec: dict) -> str:
-    """The scripts/train_eagle.py command that builds the head of ``spec`` at ``directory``."""
-    words = ["python", "scripts/train_eagle.py", "--model", target.name, "--kind", kind]
-    for name, value in recipe_of(kind, spec).key(kind).items():
-        if name == "recipe_version" or name not in spec:
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(layer) for layer in value)
-        words += [f"--{name.replace('_', '-')}", "none" if value is None else str(value)]
+    """The scripts/train_head.py command that builds the head of ``spec`` at ``directory``."""
+    words = ["python", SCRIPT, "--model", target.name, "--kind", kind]
+    recipe = recipe_of(kind, spec)
+    for name in [*common_names(), *recipe.method]:
+        if name in spec:
+            value = recipe.method[name] if name in recipe.method else getattr(recipe, name)
+            words += [f"--{name.replace('_', '-')}", command_value(value)]
     return shlex.join([*words, "--out", str(directory)])
 
 
-def build_seconds_estimate(target, kind: str, recipe: Recipe, tokens_per_sequence: int = 300) -> float:
-    """A rough duration of a build on a 2-core CPU for a target the size of SmolLM2-135M (scaled by the target's
-    hidden size squared): features plus training, without generating answers that are not cached yet (each
-    answer set has its own estimate, target_answers.SECONDS_PER_ANSWER_SLOT: about 4.5 min for the embedded model,
-    docs/first_use.md). For the log line only."""
+def build_seconds_estimate(target, kind: str, recipe: Recipe, sequences: int) -> float | None:
+    """A rough duration of a build of ``sequences`` training sequences on a 2-core CPU for a target the size of
+    SmolLM2-135M (scaled by the target's hidden size squared): features plus training, without generating answers
+    that are not cached yet (each answer set has its own estimate, target_answers.SECONDS_PER_ANSWER_SLOT). None
+    when the kind's module has measured no rate. For the log line only."""
+    rate = getattr(methods.module(kind), "SECONDS_PER_KILO_TOKEN", {}).get(kind)
+    if rate is None:
+        return None
     scale = (target.weights.hidden_size / 576) ** 2
-    steps = recipe.ttt_steps if kind == "eagle3" else 1
-    work = recipe.train_steps * recipe.batch_sequences * tokens_per_sequence * steps / 1000
-    data = DATA_SECONDS if recipe.train_steps else 0.0
-    return scale * (data + work * SECONDS_PER_KILO_TOKEN_STEP[kind])
+    steps = recipe.steps(sequences)
+    unroll = recipe.method.get("ttt_steps", 1)
+    work = steps * recipe.batch_sequences * TOKENS_PER_SEQUENCE * unroll / 1000
+    data = FEATURE_SECONDS_PER_SEQUENCE * sequences if steps else 0.0
+    return scale * (data + work * rate)
 
 
 class TrainedHead(Artefact):
@@ -85,7 +94,7 @@ class TrainedHead(Artefact):
     is rebuilt with a warning, since its directory's key covers everything it was built from; a damaged one in a
     directory the user has ``given`` stops the run with one line naming the problem and the command that rebuilds
     it. ``command``: what builds it ahead of time, for the line said before a build (default:
-    scripts/train_eagle.py's). The greedy answers it trains on are planned beside it while it is not cached."""
+    scripts/train_head.py's). The greedy answers it trains on are planned beside it while it is not cached."""
 
     def __init__(self, target, directory: Path, kind: str, spec: dict, given: bool = False,
                  command: str | None = None):
@@ -96,7 +105,7 @@ class TrainedHead(Artefact):
 
     @property
     def what(self) -> str:
-        return (f"an {self.kind} head for {self.target.name} ({self.recipe.train_steps} training steps; resumable if "
+        return (f"a {self.kind} head for {self.target.name} ({self.recipe.describe_steps()}; resumable if "
                 "interrupted)")
 
     @property
@@ -104,17 +113,25 @@ class TrainedHead(Artefact):
         return f"{self.kind} head of {self.target.name}"
 
     def estimate(self) -> tuple[float | None, str]:
-        return (build_seconds_estimate(self.target, self.kind, self.recipe),
-                f"{self.recipe.train_steps} steps x {self.recipe.batch_sequences} sequences of ~300 tokens, rates "
-                "measured for SmolLM2-135M, scaled by hidden size squared; answers not cached yet come on top")
+        if self.recipe.train_steps == 0:
+            return 0.0, "an untrained head"
+        prompts = len(training_prompts(self.recipe)) - self.recipe.held_out
+        sequences = prompts * (1 + self.recipe.sampled_answers)
+        seconds = build_seconds_estimate(self.target, self.kind, self.recipe, sequences)
+        if seconds is None:
+            return None, f"no training rate measured for {self.kind} heads yet"
+        return seconds, (f"{self.recipe.steps(sequences)} steps x {self.recipe.batch_sequences} sequences of "
+                         f"~{TOKENS_PER_SEQUENCE} tokens, rates measured for SmolLM2-135M, scaled by hidden size "
+                         "squared; answers not cached yet come on top")
 
     def rebuild_command(self) -> str:
         return rebuild_command(self.target, self.directory, self.kind, self.spec)
 
     def inputs(self) -> list[Artefact]:
-        # The greedy answers it trains on (training_conversations: target_answers' defaults).
-        return [TargetAnswers(self.target, resolve_prompts(None), 256, purpose=f"the {self.kind} head trains on them",
-                              command=self.given_command)]
+        if self.recipe.train_steps == 0:
+            return []  # an untrained head reads no data
+        return [TargetAnswers(self.target, training_prompts(self.recipe), self.recipe.max_new_tokens,
+                              purpose=f"the {self.kind} head trains on them", command=self.given_command)]
 
     def build(self) -> None:
         self.announce()
@@ -141,10 +158,8 @@ def trained_head(target, directory: Path, kind: str, spec: dict, given: bool, pr
 
 def load_trained_head(target, directory: Path, kind: str, rebuild: str):
     """The published head at ``directory``, found whole first (every file of the size, and when its times changed
-    the SHA-256, that its manifest.json recorded), then loaded strictly by ``load_eagle_head``, which checks it
+    the SHA-256, that its manifest.json recorded), then loaded strictly by the kind's ``load`` hook, which checks it
     fits ``target``. Anything wrong is a one-line SpecbenchError ending in ``rebuild``."""
-    from specbench.heads.eagle_head_files import load_eagle_head
-
     manifest = read_manifest(directory, f"trained {kind} head", rebuild)
     problem = verify_files(directory, manifest)
     if problem:
@@ -153,7 +168,7 @@ def load_trained_head(target, directory: Path, kind: str, rebuild: str):
         raise SpecbenchError(f"{directory} holds a {manifest.get('kind', 'manifest without a kind')}, not a trained "
                              f"{kind} head; {rebuild}")
     try:
-        return load_eagle_head(target, str(directory), kind)
+        return methods.module(kind).load(target, directory, kind)
     except SpecbenchError as error:
         raise SpecbenchError(f"{error}; {rebuild}") from None
 
@@ -161,15 +176,16 @@ def load_trained_head(target, directory: Path, kind: str, rebuild: str):
 # ---- the build ---------------------------------------------------------------------------------------------------
 
 
-def training_conversations(target) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) the head trains and is measured on: the target's greedy answers to the built-in
-    prompt set (cached; generated on first use)."""
-    return target_answers(target)
+def training_prompts(recipe: Recipe) -> list[str]:
+    """The prompts the head's answers answer (``Recipe.prompts``), in file order."""
+    return resolve_prompt_set(recipe.prompts)
 
 
-def training_prompts(target) -> list[str]:
-    """The prompts of ``training_conversations``, in the same order."""
-    return read_prompts(MODEL_DB_PROMPTS)
+def training_conversations(target, recipe: Recipe) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) the head trains and is measured on: the target's greedy answers to
+    ``training_prompts`` at ``recipe.max_new_tokens`` (cached; installed from the package where shipped, else
+    generated on first use)."""
+    return target_answers(target, training_prompts(recipe), recipe.max_new_tokens)
 
 
 def staging_directory(directory: Path) -> Path:
@@ -180,78 +196,80 @@ def staging_directory(directory: Path) -> Path:
 
 def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: float = CHECKPOINT_S, on_step=None,
                        **spec) -> dict:
-    """Train a head of ``kind`` for ``target`` with the recipe ``spec`` (``Recipe``'s keys) and publish it whole at
-    ``directory`` (speculators format for eagle3, EAGLE's for eagle, naming ``target.source`` as the verifier) with
-    a manifest of the recipe, the data's sizes, the losses, the held-out acceptance and the seconds; return the
-    manifest. An interrupted build resumes from its checkpoint beside ``directory`` (see the module docstring).
-    ``checkpoint_s`` and ``on_step`` are for tests, not part of the recipe."""
-    from specbench.heads.eagle_head_files import save_eagle_head
-
+    """Train a head of ``kind`` for ``target`` with the recipe ``spec`` (``Recipe``'s keys and the kind's method
+    settings) and publish it whole at ``directory`` in its method's format (the kind's ``save`` hook), with a
+    manifest of the recipe, the data's counts, the losses, the acceptance measured one way on the held-out answers
+    and on as many training answers (``heads.acceptance``) and the seconds; return the manifest. An interrupted
+    build resumes from its checkpoint beside ``directory`` (see ``training.heads``). ``checkpoint_s`` and
+    ``on_step`` are for tests, not part of the recipe."""
     started = time.perf_counter()
     directory = Path(directory)
     recipe = recipe_of(kind, spec)
-    head = new_head(target, kind, recipe)
-    layers = tuple(head.config.feature_layers)
-    identity = {"target": target.source, "kind": kind, "recipe": recipe.key(kind)}
+    module = methods.module(kind)
+    layers = tuple(module.feature_layers(kind, target.num_layers, recipe))
+    identity = {"target": target.source, "kind": kind, "recipe": recipe.key()}
     staging = staging_directory(directory)
-    data: dict = {"conversations": 0}
-    losses, training_s, features_s, evaluation = [], 0.0, 0.0, {"acceptance": [], "chain_tokens": None, "drafts": 0}
-    if recipe.train_steps > 0:
-        conversations = training_conversations(target)
-        held = held_out_indices(len(conversations), recipe.held_out)
-        held_set = set(held)
-        training_set = [pair for i, pair in enumerate(conversations) if i not in held_set]
+    data: dict = {"prompts": 0}
+    losses, training_s, features_s, measuring_s = [], 0.0, 0.0, 0.0
+    trained = held = {"acceptance": [], "chain_tokens": None, "drafts": 0}
+    steps = 0
+    if recipe.train_steps == 0:
+        head = module.new_head(target, kind, recipe, [])
+    else:
+        conversations = training_conversations(target, recipe)
+        held_indices = held_out_indices(len(conversations), recipe.held_out)
+        held_set = set(held_indices)
+        greedy_set = [pair for i, pair in enumerate(conversations) if i not in held_set]
         sampled = []
         if recipe.sampled_answers:
-            prompts = [prompt for i, prompt in enumerate(training_prompts(target)) if i not in held_set]
-            sampled = sampled_answers(target, prompts, recipe.sampled_answers, recipe.sample_temperature, recipe.seed)
-            data.update(sampled_answers=len(sampled), sampled_answer_tokens=sum(len(answer) for _, answer in sampled))
-        training_set += sampled
+            prompts = [prompt for i, prompt in enumerate(training_prompts(recipe)) if i not in held_set]
+            sampled = sampled_answers(target, prompts, recipe.sampled_answers, recipe.sample_temperature, recipe.seed,
+                                      recipe.max_new_tokens)
+        training_set = greedy_set + sampled
+        held_out_set = [conversations[i] for i in held_indices]
         feature_started = time.perf_counter()
         training_sequences = target_sequences(target, training_set, layers, f"{target.name} features (training)")
-        measured = target_sequences(target, [conversations[i] for i in held], layers,
-                                    f"{target.name} features (held out)")
+        measured = target_sequences(target, held_out_set, layers, f"{target.name} features (held out)")
         features_s = time.perf_counter() - feature_started
-        draft_ids = None
-        if getattr(head, "d2t", None) is not None:
-            counts = greedy_token_counts(training_sequences, target.vocab_size)
-            chosen = select_draft_vocabulary(counts, head.config.draft_vocab_size)
-            head.set_draft_vocabulary(torch.from_numpy(chosen))
-            draft_ids = torch.from_numpy(chosen)
-            data["draft_vocab_coverage"] = round(float(counts[chosen].sum() / max(1, counts.sum())), 4)
-            # the share of the held-out greedy choices the draft vocabulary can name: position 1's ceiling
-            measured_counts = greedy_token_counts(measured, target.vocab_size)
-            data["held_out_draft_vocab_coverage"] = round(float(measured_counts[chosen].sum()
-                                                                / max(1, measured_counts.sum())), 4)
-        labels = Labels(target, draft_ids)
-        data.update(conversations=len(conversations), training_conversations=len(training_set) - len(sampled),
-                    held_out_conversations=len(held),
-                    training_answer_tokens=sum(len(answer) for _, answer in training_set),
-                    training_prompt_tokens=sum(len(prompt) for prompt, _ in training_set),
-                    held_out_answer_tokens=sum(len(conversations[i][1]) for i in held))
+        head = module.new_head(target, kind, recipe, training_sequences)
+        draft_ids = getattr(module, "draft_ids", None)
+        labels = Labels(target, draft_ids(head, kind) if draft_ids is not None else None)
+        steps = recipe.steps(len(training_sequences))
+        data.update(prompts=len(conversations), training_prompts=len(greedy_set), held_out_prompts=len(held_indices),
+                    answers=len(training_set), sampled_answers=len(sampled),
+                    answer_tokens=sum(len(answer) for _, answer in training_set),
+                    prompt_tokens=sum(len(prompt) for prompt, _ in training_set),
+                    held_out_answer_tokens=sum(len(answer) for _, answer in held_out_set))
+        notes = getattr(module, "notes", None)
+        if notes is not None:
+            data.update(notes(head, kind, training_sequences, measured))
         losses, training_s = train(head, labels, training_sequences, kind, recipe, staging, identity,
                                    checkpoint_s=checkpoint_s, on_step=on_step)
-        evaluation = held_out_acceptance(head, measured)
-    elif getattr(head, "d2t", None) is not None:
-        # no data to count: the draft vocabulary is the first ids (the random head drafts at random anyway)
-        head.set_draft_vocabulary(torch.arange(head.config.draft_vocab_size))
+        measuring_started = time.perf_counter()
+        # as many greedy training answers as held-out ones, measured the same way: the gap is what training fitted
+        sample = [training_sequences[i] for i in training_sample(len(greedy_set), len(measured))]
+        trained = acceptance(head, module, labels, sample, kind, EVAL_POSITIONS)
+        held = acceptance(head, module, labels, measured, kind, EVAL_POSITIONS)
+        measuring_s = time.perf_counter() - measuring_started
     manifest = {
         "kind": f"trained {kind} head",
         "target": {"name": target.name, "source": target.source, "layers": target.num_layers},
         "head_kind": kind,
-        "recipe": recipe.key(kind),
+        "recipe": recipe.key(),
         "feature_layers": list(layers),
-        "draft_vocab_size": head.config.draft_vocab_size,
         "data": data,
+        "steps": steps,
         "loss": {"first": round(losses[0], 4) if losses else None,
                  "last20": round(float(np.mean(losses[-20:])), 4) if losses else None},
-        "held_out": evaluation,
+        "train_acceptance": trained,
+        "held_out_acceptance": held,
         "seconds": {"features": round(features_s, 1), "training": round(training_s, 1),
-                    "total": round(time.perf_counter() - started, 1)},
+                    "measuring": round(measuring_s, 1), "total": round(time.perf_counter() - started, 1)},
     }
-    replace_directory(directory, lambda version: save_eagle_head(head, version, head.config.format), manifest)
+    replace_directory(directory, lambda version: module.save(head, kind, version), manifest)
     with contextlib.suppress(OSError):  # published: the checkpoint is never read again
         shutil.rmtree(staging)
-    log.info("%s head for %s saved to %s in %.0f s; held-out acceptance per draft position %s", kind, target.name,
-             directory, manifest["seconds"]["total"], evaluation["acceptance"])
+    log.info("%s head for %s saved to %s in %.0f s; acceptance per draft position held out %s, on training "
+             "answers %s", kind, target.name, directory, manifest["seconds"]["total"], held["acceptance"],
+             trained["acceptance"])
     return manifest

@@ -24,7 +24,10 @@ from specbench.datastores.corpus import load_hub_rows, split_hub_spec
 from specbench.datastores.sharegpt import first_user_turns, is_sharegpt_spec, load_sharegpt
 from specbench.errors import SpecbenchError
 
-MODEL_DB_PROMPTS = Path(specbench.__file__).parent / "data" / "model_db_prompts.jsonl"
+PACKAGE_DATA = Path(specbench.__file__).parent / "data"
+MODEL_DB_PROMPTS = PACKAGE_DATA / "model_db_prompts.jsonl"
+# specbench's own prompts for training draft heads (scripts/make_head_prompts.py writes them; docs/fidelity.md)
+HEAD_PROMPTS = PACKAGE_DATA / "head_prompts.jsonl"
 OASST_PREFIX = "OpenAssistant/oasst"
 PROMPT_SPECS = ("null (the built-in set)", "a jsonl/text file", "sharegpt", "sharegpt:FILE", "hf:OpenAssistant/oasst1",
                 "hf:owner/name[:split] with a prompt or text field")

@@ -144,7 +144,7 @@ class Eagle(Drafter):
     top_k:         dynamic tree: children per expanded node and frontier width (Spec-Bench: 10)
     head:          {hub_id, path, revision} of the head; empty: ``heads_by_model[model.name]``
     heads_by_model: model name -> {hub_id|path: ...} (a published head) or {trained: {...}} (a head trained for
-                   the target by scripts/train_eagle.py, built on first use if missing)
+                   the target by scripts/train_head.py, built on first use if missing)
     feature_layers: the target layers an EAGLE-3 head reads (null: the checkpoint's, else EAGLE-3's 2, N/2, N-3)
     cache_dir:     where trained heads are cached (null: $SPECBENCH_CACHE or ~/.cache/specbench)
     """
@@ -195,7 +195,7 @@ class Eagle(Drafter):
             known = ", ".join(sorted(self.heads_by_model)) or "none"
             raise SpecbenchError(
                 f"drafter={self.name} knows no {self.kind} head for model {target.name} (it knows {known}); pass "
-                f"drafter.head.hub_id=... or drafter.head.path=..., or train one: python scripts/train_eagle.py "
+                f"drafter.head.hub_id=... or drafter.head.path=..., or train one: python scripts/train_head.py "
                 f"--model {target.name} --kind {self.kind}")
         return spec
 

@@ -1,4 +1,5 @@
-"""Training EAGLE heads (specbench/training/eagle.py, scripts/train_eagle.py) on tiny random targets: the batched,
+"""Training heads with the one trainer (specbench/training/heads.py, the EAGLE kinds' hooks in
+specbench/training/eagle.py, scripts/train_head.py) on tiny random targets: the batched,
 unrolled training forward is what decoding computes, a built head loads back strictly and fits, an interrupted
 build resumes to the very head an uninterrupted one builds, damaged heads are rebuilt or refused in one line, the
 draft vocabulary is the most frequent tokens, and training lowers the loss."""
@@ -16,21 +17,13 @@ import torch
 
 import specbench.artefacts.target_answers as answers_module
 import specbench.artefacts.trained_head as trained_heads
-import specbench.training.eagle as training
+import specbench.training.eagle as eagle_training
+import specbench.training.heads as training
 from specbench.storage.manifest import read_manifest
 from specbench.artefacts.trained_head import rebuild_command, trained_head, trained_head_directory
 from specbench.artefacts.trained_head import build_trained_head, staging_directory
-from specbench.training.eagle import (
-    epoch_batches,
-    held_out_acceptance,
-    held_out_indices,
-    make_batch,
-    new_head,
-    recipe_of,
-    select_draft_vocabulary,
-    target_sequences,
-    unrolled_outputs,
-)
+from specbench.training.eagle import new_head, select_draft_vocabulary, unrolled_outputs
+from specbench.training.heads import acceptance, epoch_batches, held_out_indices, make_batch, recipe_of, target_sequences
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import build_tiny_random
 from specbench.artefacts.target_answers import generate_answers
@@ -61,8 +54,8 @@ def prompts_of(count: int, seed: int = 0) -> list[str]:
 @pytest.fixture
 def tiny_conversations(tiny, monkeypatch):
     conversations = conversations_of(tiny)
-    monkeypatch.setattr(trained_heads, "training_conversations", lambda target: conversations)
-    monkeypatch.setattr(trained_heads, "training_prompts", lambda target: prompts_of(10))
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target, recipe: conversations)
+    monkeypatch.setattr(trained_heads, "training_prompts", lambda recipe: prompts_of(10))
     return conversations
 
 
@@ -94,7 +87,7 @@ def test_the_draft_vocabulary_is_the_most_frequent_tokens_ties_to_the_smaller_id
 
 
 def test_the_draft_vocabulary_becomes_eagle3_offsets(tiny):
-    head = new_head(tiny, "eagle3", recipe_of("eagle3", {"feature_layers": [0, 1, 2], "draft_vocab_size": 3}))
+    head = new_head(tiny, "eagle3", recipe_of("eagle3", {"feature_layers": [0, 1, 2], "draft_vocab_size": 3}), [])
     chosen = select_draft_vocabulary(np.bincount([7, 7, 7, 40, 40, 200], minlength=tiny.vocab_size), 3)
     head.set_draft_vocabulary(torch.from_numpy(chosen))
     assert head.d2t.tolist() == [7, 39, 198]  # target = draft + d2t[draft]
@@ -121,23 +114,37 @@ def test_held_out_conversations_are_spread_over_the_set():
 
 
 def test_recipe_settings_are_checked_in_one_line():
-    with pytest.raises(SpecbenchError, match="unknown EAGLE training setting.*epochs; settings: train_steps"):
-        recipe_of("eagle3", {"epochs": 3})
-    with pytest.raises(SpecbenchError, match="ttt_steps apply to eagle3 heads only, not eagle"):
-        recipe_of("eagle", {"ttt_steps": 2})
+    with pytest.raises(SpecbenchError, match="unknown eagle3 training setting.*epoch; settings: train_steps, "
+                                             "epochs, .*, ttt_steps, ttt_decay$"):
+        recipe_of("eagle3", {"epoch": 3})
+    with pytest.raises(SpecbenchError, match="unknown eagle training setting.*ttt_steps; settings: .*p_weight"):
+        recipe_of("eagle", {"ttt_steps": 2})  # another kind's setting
     with pytest.raises(SpecbenchError, match="lr must be a number > 0, got -1"):
         recipe_of("eagle3", {"lr": -1})
     with pytest.raises(SpecbenchError, match="draft_vocab_size must be an integer >= 1 or null"):
         recipe_of("eagle3", {"draft_vocab_size": 0})
+    with pytest.raises(SpecbenchError, match="ttt_decay must be a number >= 0, got 'x'"):
+        recipe_of("eagle3", {"ttt_decay": "x"})  # checked by the type of the method's default
+    with pytest.raises(SpecbenchError, match="schedule='step' is unknown; choose one of cosine, linear, constant"):
+        recipe_of("eagle", {"schedule": "step"})
+    with pytest.raises(SpecbenchError, match="give warmup_steps or warmup_ratio, not both"):
+        recipe_of("eagle", {"warmup_steps": 3, "warmup_ratio": 0.2})
+    with pytest.raises(SpecbenchError, match="head kind 'medusa2' is unknown; choose one of eagle, eagle3, medusa, "
+                                             "hydra$"):
+        recipe_of("medusa2", {})
     assert recipe_of("eagle3", {"lr": 1}).lr == 1.0  # a yaml's 1 and 1.0 are one setting
+    assert recipe_of("eagle3", {"ttt_decay": 1}).method["ttt_decay"] == 1.0
+    assert recipe_of("eagle3", {"feature_layers": [0, 2]}).method["feature_layers"] == (0, 2)
 
 
 def test_the_cache_key_holds_the_whole_recipe(tiny):
     empty = trained_head_directory(tiny, "eagle3", {}, "/cache")
-    assert empty == trained_head_directory(tiny, "eagle3", {"ttt_steps": training.Recipe.ttt_steps}, "/cache")
+    default_unroll = {"ttt_steps": eagle_training.METHOD_SETTINGS["eagle3"]["ttt_steps"]}
+    assert empty == trained_head_directory(tiny, "eagle3", default_unroll, "/cache")
     assert empty != trained_head_directory(tiny, "eagle3", {"ttt_steps": 3}, "/cache")
-    default_steps = {"train_steps": training.DEFAULT_TRAIN_STEPS["eagle3"]}
-    assert empty == trained_head_directory(tiny, "eagle3", default_steps, "/cache")
+    assert empty == trained_head_directory(tiny, "eagle3", {"epochs": 4, "schedule": "linear"}, "/cache")
+    assert empty != trained_head_directory(tiny, "eagle3", {"prompts": "built-in"}, "/cache")
+    assert empty != trained_head_directory(tiny, "eagle3", {"max_new_tokens": 512}, "/cache")
     assert empty != trained_head_directory(tiny, "eagle", {}, "/cache")
     assert empty.parent == Path("/cache/heads") and empty.name.startswith("tiny-random-eagle3-")
 
@@ -160,11 +167,12 @@ def test_tiny_models_of_other_weights_get_their_own_heads(tiny):
 
 
 def test_the_rebuild_command_gives_the_script_the_same_settings(tiny, tmp_path):
-    spec = {"feature_layers": [0, 1, 2], "draft_vocab_size": None, "train_steps": 5, "lr": 0.002}
+    spec = {"feature_layers": [0, 1, 2], "draft_vocab_size": None, "train_steps": 5, "lr": 0.002,
+            "betas": [0.9, 0.99], "schedule": "constant", "warmup_steps": None, "prompts": "built-in"}
     command = rebuild_command(tiny, tmp_path / "head", "eagle3", spec)
-    assert command.startswith("python scripts/train_eagle.py --model tiny-random --kind eagle3 ")
-    script_file = Path(__file__).parents[1] / "scripts" / "train_eagle.py"
-    loader = importlib.util.spec_from_file_location("train_eagle", script_file)
+    assert command.startswith("python scripts/train_head.py --model tiny-random --kind eagle3 ")
+    script_file = Path(__file__).parents[1] / "scripts" / "train_head.py"
+    loader = importlib.util.spec_from_file_location("train_head", script_file)
     script = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(script)
     args = script.parse(command.split()[2:])
@@ -173,7 +181,7 @@ def test_the_rebuild_command_gives_the_script_the_same_settings(tiny, tmp_path):
 
 @pytest.mark.parametrize("drafter", ["eagle", "eagle2", "eagle3"])
 def test_the_scripts_defaults_build_the_head_the_drafter_looks_up(drafter):
-    # `python scripts/train_eagle.py --kind K` (its default --model and every setting left to its default) must
+    # `python scripts/train_head.py --kind K` (its default --model and every setting left to its default) must
     # write the head the drafter's heads_by_model entry names: else the drafter never finds the head the docs tell
     # users to build and trains another one on first use.
     from types import SimpleNamespace
@@ -182,8 +190,8 @@ def test_the_scripts_defaults_build_the_head_the_drafter_looks_up(drafter):
 
     from specbench.config import compose
 
-    script_file = Path(__file__).parents[1] / "scripts" / "train_eagle.py"
-    loader = importlib.util.spec_from_file_location("train_eagle", script_file)
+    script_file = Path(__file__).parents[1] / "scripts" / "train_head.py"
+    loader = importlib.util.spec_from_file_location("train_head", script_file)
     script = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(script)
     cfg = compose([f"drafter={drafter}"])
@@ -206,7 +214,7 @@ def test_the_scripts_defaults_build_the_head_the_drafter_looks_up(drafter):
 def test_the_unrolled_training_forward_is_what_decoding_computes(peaky, kind, spec):
     """Batched over padded sequences and unrolled 4 steps, the outputs equal EagleHead.forward with a cache: the
     prefix fed with target features, then a greedy chain fed its own outputs, one token at a time."""
-    head = nudged(new_head(peaky, kind, recipe_of(kind, spec)))
+    head = nudged(new_head(peaky, kind, recipe_of(kind, spec), []))
     sequences = target_sequences(peaky, [([1, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]), ([1, 20, 21], [22, 23, 24])],
                                  head.config.feature_layers, "features")
     steps = 4
@@ -240,9 +248,14 @@ def test_a_built_head_loads_back_strictly_and_fits_its_target(tiny, tiny_convers
     head = trained_head(tiny, directory, kind, spec, given=False)
     manifest = read_manifest(directory, "head", "")
     assert manifest["kind"] == f"trained {kind} head" and manifest["target"]["source"] == tiny.source
-    assert manifest["data"]["training_conversations"] == 8 and manifest["data"]["held_out_conversations"] == 2
-    assert manifest["data"].get("sampled_answers", 0) == (8 if kind == "eagle3" else 0)  # one per training prompt
-    assert len(manifest["held_out"]["acceptance"]) == training.EVAL_POSITIONS
+    data = manifest["data"]
+    assert data["prompts"] == 10 and data["training_prompts"] == 8 and data["held_out_prompts"] == 2
+    assert data["sampled_answers"] == (8 if kind == "eagle3" else 0)  # one per training prompt
+    assert data["answers"] == data["training_prompts"] + data["sampled_answers"] and data["answer_tokens"] > 0
+    for measured in ("train_acceptance", "held_out_acceptance"):  # measured alike, on as many answers
+        assert len(manifest[measured]["acceptance"]) == training.EVAL_POSITIONS
+        assert manifest[measured]["drafts"] > 0
+    assert manifest["seconds"]["total"] >= manifest["seconds"]["training"]
     assert head.config.kind == kind and head.config.verifier == tiny.source
     assert not any(parameter.requires_grad for parameter in head.parameters())
     if kind == "eagle3":
@@ -259,7 +272,7 @@ def test_a_built_head_loads_back_strictly_and_fits_its_target(tiny, tiny_convers
 
 
 def test_an_untrained_head_needs_no_data(tiny, monkeypatch, tmp_path):
-    monkeypatch.setattr(trained_heads, "training_conversations", lambda target: pytest.fail("data was read"))
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target, recipe: pytest.fail("data was read"))
     head = trained_head(tiny, tmp_path / "random", "eagle3", {**EAGLE3_TINY, "train_steps": 0}, given=False)
     assert head.to_target_ids(torch.arange(64)).tolist() == list(range(64))
 
@@ -285,7 +298,7 @@ def test_an_interrupted_build_resumes_to_the_same_head(tiny, tiny_conversations,
     resumed_steps = []
     resumed = build_trained_head(tiny, directory, "eagle3", on_step=resumed_steps.append, **spec)
     assert resumed_steps == list(range(5, 11))
-    assert resumed["loss"] == reference["loss"] and resumed["held_out"] == reference["held_out"]
+    assert resumed["loss"] == reference["loss"] and resumed["held_out_acceptance"] == reference["held_out_acceptance"]
     assert (directory / "model.safetensors").read_bytes() == (tmp_path / "whole" / "model.safetensors").read_bytes()
 
 
@@ -368,7 +381,7 @@ def test_a_damaged_head_at_a_given_path_is_one_line_naming_the_file_and_the_fix(
     assert "\n" not in message
     assert message.startswith(f"{path}: damaged trained eagle3 head (model.safetensors is not the file that was "
                               f"written")
-    assert message.endswith(f"rebuild it with `python scripts/train_eagle.py --model tiny-random --kind eagle3 "
+    assert message.endswith(f"rebuild it with `python scripts/train_head.py --model tiny-random --kind eagle3 "
                             f"--train-steps 0 --feature-layers 0,1,2 --draft-vocab-size 64 --out {path}`")
     assert path.exists()  # the user's directory is left as it is
 
@@ -384,11 +397,13 @@ def test_training_lowers_the_loss_and_fits_the_targets_choices(kind, spec, lr, t
     follow no pattern that held-out answers could show, so fitting is what a tiny target can check.)"""
     target = build_tiny_random(initializer_range=1.0, seed=1)
     recipe = recipe_of(kind, {**spec, "train_steps": 60, "batch_sequences": 4, "lr": lr, "warmup_steps": 4})
-    head = new_head(target, kind, recipe)
-    sequences = target_sequences(target, conversations_of(target, count=16, answer_tokens=48, seed=2),
-                                 head.config.feature_layers, "features")
-    before = held_out_acceptance(head, sequences)["acceptance"][0]
-    losses, _ = training.train(head, training.Labels(target, None), sequences, kind, recipe, tmp_path / "staging",
-                               {"test": kind})
+    layers = eagle_training.feature_layers(kind, target.num_layers, recipe)
+    sequences = target_sequences(target, conversations_of(target, count=16, answer_tokens=48, seed=2), layers,
+                                 "features")
+    head = new_head(target, kind, recipe, sequences)
+    labels = training.Labels(target, None)
+    before = acceptance(head, eagle_training, labels, sequences, kind)["acceptance"][0]
+    losses, _ = training.train(head, labels, sequences, kind, recipe, tmp_path / "staging", {"test": kind})
+    assert len(losses) == 60
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5])  # measured: 0.49 (eagle3), 0.35 (eagle)
-    assert held_out_acceptance(head, sequences)["acceptance"][0] > before + 0.3  # measured: +0.57, +0.71
+    assert acceptance(head, eagle_training, labels, sequences, kind)["acceptance"][0] > before + 0.3

@@ -1,0 +1,89 @@
+"""Which module trains each kind of head, and where specbench's recipe for a kind differs from the method's own.
+
+A kind's module (``training.heads``' docstring lists its hooks) is imported on first use only, so a method whose
+module needs more than the trainer does costs nothing to the others. ``DIFFERENCES`` is the one place a specbench
+default departs from a method's published recipe: ``heads.recipe_of`` starts from the method's ``PUBLISHED`` values
+and applies these, and docs/fidelity.md's tables "Trained heads: specbench's recipe against each method's" are
+written from ``PUBLISHED``, ``SOURCES`` and these by scripts/recipe_tables.py (tests/test_train_heads.py fails when
+they are stale, or when a published value that cannot run here has no reason).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from specbench.errors import SpecbenchError
+
+MODULES = {
+    "eagle": "specbench.training.eagle",
+    "eagle3": "specbench.training.eagle",
+    "medusa": "specbench.training.medusa",
+    "hydra": "specbench.training.hydra",
+}
+KINDS = tuple(MODULES)
+# Rows of a PUBLISHED recipe that document how the method trained without being a setting here (what no CPU run can
+# copy, or what specbench derives).
+DOCUMENTED = ("precision", "data", "decay_steps", "gradient_accumulation", "max_length")
+
+# Why each difference: the development machine trains on 2 CPU cores, where one epoch over specbench's head prompts
+# costs minutes (docs/fidelity.md's tables give each build's time), and the published recipes ran for days on GPUs.
+_CPU = "float32 on the CPU (bfloat16/float16 autocast is a GPU's speed-up, not part of what a head learns)"
+_DATA = ("the target's greedy answers (max_new_tokens 256) to specbench's head prompts (specbench/data/"
+         "head_prompts.jsonl, about 600 written for specbench, none sharing an 8-word run with Spec-Bench's "
+         "questions), 16 held out to measure the head")
+_DATA_WHY = ("ShareGPT is opt-in (`prompts: sharegpt`: a 13 MB download of unclear licence); the target's own "
+             "answers are the text it drafts, and the method's data is the target's own answers too where it "
+             "regenerates them")
+_LR = ("specbench's training is hundreds of steps, not hundreds of thousands: at the published rate a randomly "
+       "initialised head barely moves in that many (specbench's first recipe was tuned at 1e-3)")
+_WARMUP = "the published warm-up is longer than specbench's whole training; a ratio scales with it"
+DIFFERENCES = {
+    "eagle": {
+        "epochs": (2.0, "20 epochs of 68,000 dialogues took days on GPUs; 2 epochs of specbench's data are about "
+                        "8 minutes on 2 CPU cores"),
+        "lr": (1e-3, _LR),
+        "warmup_steps": (None, _WARMUP),
+        "warmup_ratio": (0.1, _WARMUP),
+        "decay_steps": ("the last step", "the published decay ends at step 800,000, which 20 epochs never reach: "
+                                         "specbench decays to 0 at its own last step"),
+        "precision": ("float32", _CPU),
+        "data": (_DATA, _DATA_WHY),
+    },
+    "eagle3": {
+        "epochs": (4.0, "40 epochs took days on GPUs; 4 epochs of specbench's data at 2 unrolled steps are about "
+                        "6 minutes on 2 CPU cores"),
+        "lr": (1e-3, _LR),
+        "warmup_steps": (None, _WARMUP),
+        "warmup_ratio": (0.1, _WARMUP),
+        "batch_sequences": (4, "one sequence per step with 2 accumulated, on every GPU; specbench takes 4 "
+                               "sequences per step on one CPU (no accumulation)"),
+        "gradient_accumulation": (1, "see batch_sequences"),
+        "decay_steps": ("the last step", "the published decay ends at step 800,000, which 40 epochs never reach: "
+                                         "specbench decays to 0 at its own last step"),
+        "precision": ("float32", _CPU),
+        "data": (_DATA, _DATA_WHY),
+        "ttt_steps": (2, "each unrolled step is one more forward and backward of the head over every position: "
+                         "7 steps make a build about 3 times longer (`ttt_steps: 7` builds with EAGLE-3's unroll)"),
+        "draft_vocab_size": (4096, "32,000 of Llama-3.1's 128,256 tokens; specbench's data names far fewer "
+                                   "distinct tokens of SmolLM2's 49,152, and 4,096 cover almost all its answers' "
+                                   "(the manifest's draft_vocab_coverage)"),
+    },
+    # medusa, hydra: their modules' authors add their rows (a test fails while a published value that cannot run
+    # here has none).
+}
+
+
+def module(kind: str):
+    """The training module of ``kind``, imported now; an unknown kind is a one-line SpecbenchError."""
+    if kind not in MODULES:
+        raise SpecbenchError(f"head kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
+    try:
+        loaded = importlib.import_module(MODULES[kind])
+    except ModuleNotFoundError as error:
+        if error.name != MODULES[kind]:
+            raise
+        raise SpecbenchError(f"head kind {kind!r}: its training module {MODULES[kind]} is not in this "
+                             "specbench") from None
+    if kind not in loaded.KINDS:
+        raise SpecbenchError(f"{MODULES[kind]} does not train {kind!r} heads (it trains {', '.join(loaded.KINDS)})")
+    return loaded
