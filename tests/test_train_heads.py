@@ -407,3 +407,190 @@ def test_training_lowers_the_loss_and_fits_the_targets_choices(kind, spec, lr, t
     assert len(losses) == 60
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5])  # measured: 0.49 (eagle3), 0.35 (eagle)
     assert acceptance(head, eagle_training, labels, sequences, kind)["acceptance"][0] > before + 0.3
+
+
+# ---- one trainer, the kinds' recipes ----------------------------------------------------------------------------------
+
+
+def test_the_registry_maps_each_kind_to_its_module_lazily_and_refuses_unknown_kinds():
+    from specbench.training import methods
+
+    assert methods.KINDS == ("eagle", "eagle3", "medusa", "hydra")
+    assert methods.module("eagle") is eagle_training and methods.module("eagle3") is eagle_training
+    assert methods.MODULES["medusa"] == "specbench.training.medusa"
+    assert methods.MODULES["hydra"] == "specbench.training.hydra"
+    with pytest.raises(SpecbenchError, match="^head kind 'lookahead' is unknown; choose one of eagle, eagle3, "
+                                             "medusa, hydra$"):
+        methods.module("lookahead")
+
+
+def test_the_eagle_recipes_are_the_published_ones_but_for_the_named_differences():
+    """Restated from SafeAILab/EAGLE @cb7e084 (eagle/train/main.py, eagle/traineagle3/{main.py, ds_config.json,
+    cnets.py, config.json}), not read from the module: a published value or a default that reverts fails here."""
+    published = {
+        "eagle": {"epochs": 20, "lr": 3e-5, "schedule": "linear", "warmup_steps": 2000, "weight_decay": 0.01,
+                  "grad_clip": 0.5, "grad_clip_by": "value", "betas": (0.9, 0.95), "batch_sequences": 4,
+                  "p_weight": 0.1, "v_weight": 1.0, "noise": 0.2},
+        "eagle3": {"epochs": 40, "lr": 5e-5, "schedule": "linear", "warmup_steps": 12000, "weight_decay": 0.0,
+                   "grad_clip": 0.5, "grad_clip_by": "norm", "betas": (0.9, 0.95), "batch_sequences": 1,
+                   "ttt_steps": 7, "ttt_decay": 0.8, "draft_vocab_size": 32000},
+    }
+    ours = {
+        "eagle": {"epochs": 2.0, "lr": 1e-3, "schedule": "linear", "warmup_steps": None, "warmup_ratio": 0.1,
+                  "weight_decay": 0.01, "grad_clip": 0.5, "grad_clip_by": "value", "betas": (0.9, 0.95),
+                  "batch_sequences": 4, "train_steps": None, "prompts": "head", "max_new_tokens": 256,
+                  "sampled_answers": 0, "p_weight": 0.1, "v_weight": 1.0, "noise": 0.2},
+        "eagle3": {"epochs": 4.0, "lr": 1e-3, "schedule": "linear", "warmup_steps": None, "warmup_ratio": 0.1,
+                   "weight_decay": 0.0, "grad_clip": 0.5, "grad_clip_by": "norm", "betas": (0.9, 0.95),
+                   "batch_sequences": 4, "train_steps": None, "prompts": "head", "max_new_tokens": 256,
+                   "sampled_answers": 0, "ttt_steps": 2, "ttt_decay": 0.8, "draft_vocab_size": 4096},
+    }
+    from specbench.training import methods
+
+    for kind in ("eagle", "eagle3"):
+        for name, value in published[kind].items():
+            assert eagle_training.PUBLISHED[kind][name] == value, (kind, name)
+        recipe = recipe_of(kind, {})
+        for name, value in ours[kind].items():
+            got = recipe.method[name] if name in recipe.method else getattr(recipe, name)
+            assert got == value, (kind, name, got)
+            if value != published[kind].get(name, value):
+                assert name in methods.DIFFERENCES[kind], f"{kind} {name} differs without a reason"
+
+
+def test_every_published_setting_is_a_setting_or_documented_and_every_difference_has_a_reason():
+    """For every kind whose module is here (medusa and hydra join when theirs land): PUBLISHED and SOURCES name the
+    same settings, each a common setting, one of the method's or a documented row; a published value specbench does
+    not run has a reason in methods.DIFFERENCES, whose values are specbench's defaults."""
+    from specbench.training import methods
+    from specbench.training.heads import common_names
+
+    checked = 0
+    for kind in methods.KINDS:
+        if importlib.util.find_spec(methods.MODULES[kind]) is None:
+            continue
+        module = methods.module(kind)
+        published, sources = module.PUBLISHED[kind], module.SOURCES[kind]
+        settings = module.METHOD_SETTINGS[kind]
+        assert set(published) == set(sources), kind
+        assert all("@" in source for source in sources.values()), f"{kind}: a source without its commit"
+        foreign = set(published) - set(common_names()) - set(settings) - set(methods.DOCUMENTED)
+        assert not foreign, f"{kind}: PUBLISHED names {sorted(foreign)}, neither settings nor documented rows"
+        differences = methods.DIFFERENCES.get(kind, {})
+        recipe = recipe_of(kind, {})
+        for name, value in published.items():
+            if name in methods.DOCUMENTED:
+                assert name in differences, f"{kind}: the published {name} cannot run here and has no reason"
+                continue
+            ours = recipe.method[name] if name in settings else getattr(recipe, name)
+            if ours != (tuple(value) if isinstance(value, list) else value):
+                assert name in differences, f"{kind}: {name} is {ours!r}, the method's {value!r}, with no reason"
+        for name, (value, why) in differences.items():
+            assert why.strip(), (kind, name)
+            if name in settings:
+                assert recipe.method[name] == value, (kind, name)
+            elif name in common_names():
+                assert getattr(recipe, name) == value, (kind, name)
+        checked += 1
+    assert checked >= 2
+
+
+def test_the_recipe_tables_in_the_docs_are_the_scripts_output():
+    loader = importlib.util.spec_from_file_location("recipe_tables", Path(__file__).parents[1] / "scripts" /
+                                                    "recipe_tables.py")
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    document = (Path(__file__).parents[1] / "docs" / "fidelity.md").read_text(encoding="utf-8")
+    assert script.HEADING in document.splitlines()
+    assert script.with_section(document, script.section()) == document, (
+        "docs/fidelity.md's recipe tables are stale: run python scripts/recipe_tables.py --write")
+    assert "| ttt_steps | 7 (eagle/traineagle3/cnets.py:498" in script.section()
+
+
+def test_epochs_give_the_steps_and_the_warmup_ratio_scales_with_them():
+    recipe = recipe_of("eagle3", {"epochs": 2.5, "batch_sequences": 4})
+    assert recipe.steps(10) == 8  # 3 batches an epoch (the last one short), 2.5 epochs -> 7.5, rounded up
+    assert recipe.warmup(8) == 1  # 0.1 x 8
+    assert recipe_of("eagle3", {"train_steps": 5}).steps(1000) == 5
+    assert recipe_of("eagle3", {"warmup_steps": 3}).warmup(100) == 3
+    assert recipe_of("eagle3", {"warmup_ratio": 0.5}).warmup(100) == 50
+
+
+def test_the_schedules_warm_up_then_decay_as_named():
+    factor = training.schedule_factor
+    assert [factor("linear", step, 2, 6) for step in range(6)] == pytest.approx([1 / 3, 2 / 3, 1, 0.75, 0.5, 0.25])
+    assert [factor("constant", step, 1, 4) for step in range(4)] == [0.5, 1, 1, 1]
+    assert [factor("cosine", step, 0, 4) for step in range(4)] == pytest.approx([1, 0.853553, 0.5, 0.146447], abs=1e-6)
+
+
+@pytest.mark.parametrize("kind,spec,clipper", [("eagle3", EAGLE3_TINY, "clip_grad_norm_"),
+                                               ("eagle", {}, "clip_grad_value_")])
+def test_eagle3_clips_by_the_global_norm_and_eagle_by_value(tiny, tmp_path, monkeypatch, kind, spec, clipper):
+    calls = []
+    for name in ("clip_grad_norm_", "clip_grad_value_"):
+        monkeypatch.setattr(torch.nn.utils, name, lambda parameters, limit, _name=name: calls.append((_name, limit)))
+    recipe = recipe_of(kind, {**spec, "train_steps": 2, "batch_sequences": 2})
+    layers = eagle_training.feature_layers(kind, tiny.num_layers, recipe)
+    sequences = target_sequences(tiny, conversations_of(tiny, count=4), layers, "features")
+    head = new_head(tiny, kind, recipe, sequences)
+    training.train(head, training.Labels(tiny, eagle_training.draft_ids(head, kind)), sequences, kind, recipe,
+                   tmp_path / "staging", {"test": kind})
+    assert calls == [(clipper, 0.5)] * 2
+
+
+class _Chains:
+    """A method whose chains are given: chain_tokens returns them, whatever the head."""
+
+    def __init__(self, chains):
+        self.chains = chains
+
+    def chain_tokens(self, head, labels, batch, kind, positions):
+        return self.chains[:, :batch.features.shape[1], :positions]
+
+
+def test_acceptance_counts_chains_per_position_and_a_token_the_head_cannot_name_as_a_miss():
+    # One sequence: prompt [1, 2] (P = 2), answer [3, 4, 5, 6] (L = 6); greedy = the next true token, 0 at the end.
+    token_ids = torch.tensor([1, 2, 3, 4, 5, 6])
+    greedy = torch.tensor([2, 3, 4, 5, 6, 0])
+    sequence = training.Sequence(token_ids, 2, torch.zeros(6, 1), torch.zeros(6, 1), greedy)
+    # indices t = 1..4 draft (t >= P - 1, t <= L - 2); chain k of index t should be greedy[t + k]
+    chains = torch.full((1, 5, 3), -1, dtype=torch.long)
+    chains[0, 1] = torch.tensor([4, 5, 6])     # right, right, right
+    chains[0, 2] = torch.tensor([5, 9, 0])     # right, wrong
+    chains[0, 3] = torch.tensor([-1, 0, 0])    # outside the draft vocabulary: a miss, not dropped
+    chains[0, 4] = torch.tensor([0, 0, 0])     # right at position 1 (greedy[5] = 0); nothing follows the answer
+    head = torch.nn.Linear(1, 1)
+    measured = acceptance(head, _Chains(chains), None, [sequence], "test", positions=3)
+    # position 1: indices 1..4, 3 right (t = 3's -1 is a miss); position 2: t = 1, 2, 4 alive, t = 4 has no label
+    # (t + 2 = 6 = L), so 2 tried, 1 right; position 3: t = 1 alive, label exists (t + 3 = 4 < 6), right
+    assert measured["acceptance"] == [0.75, 0.5, 1.0]
+    assert measured["drafts"] == 4
+    assert measured["chain_tokens"] == pytest.approx(0.75 + 0.75 * 0.5 + 0.75 * 0.5 * 1.0, abs=1e-3)
+
+
+def test_the_held_out_answers_are_never_seen_by_training(tiny, tiny_conversations, tmp_path, monkeypatch):
+    held = [tiny_conversations[i] for i in held_out_indices(len(tiny_conversations), 2)]
+    trained_sequences, sampled_prompts = [], []
+    real_train, real_sampled = trained_heads.train, trained_heads.sampled_answers
+
+    def recording_train(head, labels, sequences, *args, **kwargs):
+        trained_sequences.extend(sequences)
+        return real_train(head, labels, sequences, *args, **kwargs)
+
+    def recording_sampled(target, prompts, *args, **kwargs):
+        sampled_prompts.extend(prompts)
+        return real_sampled(target, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(trained_heads, "train", recording_train)
+    monkeypatch.setattr(trained_heads, "sampled_answers", recording_sampled)
+    spec = {**EAGLE3_TINY, **QUICK, "sampled_answers": 1}
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    manifest = build_trained_head(tiny, tmp_path / "head", "eagle3", **spec)
+    held_ids = {tuple(prompt + answer) for prompt, answer in held}
+    held_prompts = {tuple(prompt) for prompt, _ in held}
+    assert len(trained_sequences) == 16  # 8 greedy + 8 sampled
+    assert not held_ids & {tuple(sequence.token_ids.tolist()) for sequence in trained_sequences}
+    assert not held_prompts & {tuple(sequence.token_ids[:sequence.prompt_length].tolist())
+                               for sequence in trained_sequences}
+    assert len(sampled_prompts) == 8 and not set(sampled_prompts) & {prompts_of(10)[i] for i in (0, 9)}
+    assert manifest["held_out_acceptance"]["drafts"] == sum(len(answer) for _, answer in held)

@@ -31,7 +31,7 @@ _CPU = "float32 on the CPU (bfloat16/float16 autocast is a GPU's speed-up, not p
 _DATA = ("the target's greedy answers (max_new_tokens 256) to specbench's head prompts (specbench/data/"
          "head_prompts.jsonl, about 600 written for specbench, none sharing an 8-word run with Spec-Bench's "
          "questions), 16 held out to measure the head")
-_DATA_WHY = ("ShareGPT is opt-in (`prompts: sharegpt`: a 13 MB download of unclear licence); the target's own "
+_DATA_WHY = ("ShareGPT is opt-in (`prompts: sharegpt`: a 13 MB download specbench does not ship); the target's own "
              "answers are the text it drafts, and the method's data is the target's own answers too where it "
              "regenerates them")
 _LR = ("specbench's training is hundreds of steps, not hundreds of thousands: at the published rate a randomly "
@@ -40,7 +40,8 @@ _WARMUP = "the published warm-up is longer than specbench's whole training; a ra
 DIFFERENCES = {
     "eagle": {
         "epochs": (2.0, "20 epochs of 68,000 dialogues took days on GPUs; 2 epochs of specbench's data are about "
-                        "8 minutes on 2 CPU cores"),
+                        "8 minutes on 2 CPU cores (estimated from the rate measured per token, "
+                        "training/eagle.py's SECONDS_PER_KILO_TOKEN)"),
         "lr": (1e-3, _LR),
         "warmup_steps": (None, _WARMUP),
         "warmup_ratio": (0.1, _WARMUP),
@@ -51,7 +52,7 @@ DIFFERENCES = {
     },
     "eagle3": {
         "epochs": (4.0, "40 epochs took days on GPUs; 4 epochs of specbench's data at 2 unrolled steps are about "
-                        "6 minutes on 2 CPU cores"),
+                        "6 minutes on 2 CPU cores (estimated likewise)"),
         "lr": (1e-3, _LR),
         "warmup_steps": (None, _WARMUP),
         "warmup_ratio": (0.1, _WARMUP),
@@ -65,8 +66,8 @@ DIFFERENCES = {
         "ttt_steps": (2, "each unrolled step is one more forward and backward of the head over every position: "
                          "7 steps make a build about 3 times longer (`ttt_steps: 7` builds with EAGLE-3's unroll)"),
         "draft_vocab_size": (4096, "32,000 of Llama-3.1's 128,256 tokens; specbench's data names far fewer "
-                                   "distinct tokens of SmolLM2's 49,152, and 4,096 cover almost all its answers' "
-                                   "(the manifest's draft_vocab_coverage)"),
+                                   "distinct tokens of SmolLM2's 49,152 (a head's manifest records the share "
+                                   "of its greedy choices the 4,096 cover, draft_vocab_coverage)"),
     },
     # medusa, hydra: their modules' authors add their rows (a test fails while a published value that cannot run
     # here has none).
