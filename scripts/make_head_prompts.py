@@ -399,8 +399,11 @@ def prompts() -> list[dict]:
         rows += [("extraction", f"{instruction}\n\n{passage}") for instruction in rng.sample(EXTRACTIONS, 2)]
         rows += [("summarisation", f"{instruction}\n\n{passage}") for instruction in rng.sample(SUMMARIES, 2)]
         rows += [("qa", f"Read the passage and answer: {question}\n\n{passage}") for question in QUESTIONS]
+    # Drawn numbers can repeat a problem: each prompt once, or a held-out prompt could also be a training one.
+    seen: set[str] = set()
+    unique = [(category, prompt) for category, prompt in rows if not (prompt in seen or seen.add(prompt))]
     return [{"id": number, "category": category, "prompt": prompt}
-            for number, (category, prompt) in enumerate(rows, start=1)]
+            for number, (category, prompt) in enumerate(unique, start=1)]
 
 
 def evaluation_questions() -> tuple[list[str], list[str]]:

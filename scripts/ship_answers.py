@@ -1,11 +1,16 @@
-"""Write the answers that specbench ships for a model (specbench/data/answers-<model>.json and its .jsonl.gz): the
-target's greedy answers to the prompts HD's model database is built from by default, at HD's max_new_tokens, as
-``drafter=hd`` looks them up, so that its first use on a fresh machine installs them instead of generating them.
+"""Write the answers that specbench ships for a model, so that a first use on a fresh machine installs them instead
+of generating them: with ``--prompts built-in`` (the default; specbench/data/answers-<model>.json and its
+.jsonl.gz) the target's greedy answers to the prompts HD's model database is built from by default, at HD's
+max_new_tokens, as ``drafter=hd`` looks them up; with ``--prompts head`` (answers-<model>--head.json and its
+.jsonl.gz) its answers to specbench's head prompts at the trained heads' max_new_tokens (256), as every
+``{trained: {...}}`` head with the default prompt set looks them up.
 
     python scripts/ship_answers.py --model smollm2-135m --seconds 1057
+    python scripts/ship_answers.py --model smollm2-135m --prompts head --seconds SECONDS
 
-The answers come from the cache (generated first if missing: about 18 minutes on 2 cores for smollm2-135m).
-``--seconds`` records how long their generation took, for the manifest.
+The answers come from the cache (generated first if missing: about 18 minutes on 2 cores for smollm2-135m's
+built-in set, about 27 minutes for the head prompts). ``--seconds`` records how long their generation took, for the
+manifest.
 """
 
 from __future__ import annotations
@@ -37,9 +42,12 @@ from specbench.config import compose  # noqa: E402
 from specbench.artefacts.model_database import model_db_prompt_set  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.artefacts.target_answers import SHIPPED_ANSWERS_DIR, write_shipped_answers  # noqa: E402
+from specbench.datastores.prompts import HEAD_PROMPTS, MODEL_DB_PROMPTS  # noqa: E402
+from specbench.training.heads import recipe_of, resolve_prompt_set  # noqa: E402
 
 LICENSE = ("the greedy answers of SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) to specbench's own prompts "
-           "(specbench/data/model_db_prompts.jsonl); model output shipped under the model's Apache-2.0 license")
+           "(specbench/data/{file}); model output shipped under the model's Apache-2.0 license")
+PROMPT_SETS = ("built-in", "head")
 
 
 def machine() -> str:
@@ -59,21 +67,31 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="how long the generation took")
     parser.add_argument("--conditions", default=None, help="how it ran (threads, other load), for the manifest")
     parser.add_argument("--out", default=str(SHIPPED_ANSWERS_DIR), help="where to write (default: the package data)")
+    parser.add_argument("--prompts", choices=PROMPT_SETS, default="built-in",
+                        help="built-in (HD's model database) or head (the trained heads' prompts)")
     args = parser.parse_args()
     try:
         require_writable(args.out, hint="choose another --out")  # before the answers' generation (minutes)
         cfg = compose([f"model={args.model}", "drafter=hd"])
         build = OmegaConf.to_container(cfg.drafter.model_db_build, resolve=True)
-        prompts, _ = model_db_prompt_set(build)  # exactly the prompts drafter=hd answers
+        if args.prompts == "head":
+            recipe = recipe_of("eagle3", {})  # every kind's default prompt set and answer length
+            prompts, max_new_tokens, file = resolve_prompt_set(recipe.prompts), recipe.max_new_tokens, HEAD_PROMPTS
+            batch_size, by = 8, f"scripts/train_head.py --model {args.model}"
+        else:
+            prompts, _ = model_db_prompt_set(build)  # exactly the prompts drafter=hd answers
+            max_new_tokens, file, batch_size = build["max_new_tokens"], MODEL_DB_PROMPTS, build["batch_size"]
+            by = "scripts/build_model_db.py --model " + args.model
         target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
         generated = {"machine": machine(), "python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "specbench": specbench.__version__,
-                     "dtype": str(target.dtype).removeprefix("torch."), "batch_size": build["batch_size"],
+                     "dtype": str(target.dtype).removeprefix("torch."), "batch_size": batch_size,
                      "seconds": args.seconds, "conditions": args.conditions,
                      "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                     "by": "scripts/build_model_db.py --model " + args.model}
-        manifest = write_shipped_answers(target, prompts, build["max_new_tokens"], Path(args.out), generated, LICENSE,
-                                         cfg.drafter.cache_dir)
+                     "by": by}
+        manifest = write_shipped_answers(target, prompts, max_new_tokens, Path(args.out), generated,
+                                         LICENSE.format(file=file.name), cfg.drafter.cache_dir,
+                                         "head" if args.prompts == "head" else None)
     except SpecbenchError as error:
         print(f"ship_answers: error: {error}", file=sys.stderr)
         sys.exit(2)

