@@ -127,6 +127,10 @@ class Hydra(Drafter):
         if heads < self.depth:
             raise SpecbenchError(f"drafter={self.name}: tree {self.tree_name} is {self.depth} deep, but the head has "
                                  f"{heads} heads (one per depth); use a head of at least {self.depth}")
+        # A node of rank r needs r + 1 tokens to choose from: a vocabulary smaller than the tree is wide (a test
+        # model's) drafts the paths it can name; the paths kept are closed under prefixes, so still a tree.
+        paths = [path for path in TREES[self.tree_name] if max(path) < self.head.config.vocab_size]
+        self.plan = StaticTreePlan(paths)
         self.hidden_state_layers = (self.head.feature_layer(target.num_layers),)
         self._sources["head"]["feature_layers"] = list(self.hidden_state_layers)
         self.device = target.device
