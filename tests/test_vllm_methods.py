@@ -18,7 +18,7 @@ from specbench.run.identity import NOT_RESULT_SETTINGS, check_resumable, config_
 from conftest import refusal
 
 # The drafter configs vLLM has no method for (issue 32): their classes are specbench's own.
-REFUSED = {"hd", "hd-chains", "rest", "lookahead", "recycling", "samd", "hybrid"}
+REFUSED = {"hd", "hd-chains", "rest", "lookahead", "recycling", "samd", "hybrid", "hydra"}
 
 
 def drafter_of(name: str, *overrides: str) -> dict:

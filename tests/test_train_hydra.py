@@ -1,0 +1,126 @@
+"""Hydra's training hooks (specbench/training/hydra.py) on a tiny batch: the loss against a position-by-position
+re-statement of zankner/Hydra's train.py @3f39fbd, dropout from the generator, what trains, the chain, the recipe."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specbench.training import hydra as hooks
+from specbench.training.eagle import Labels, make_batch, target_sequences
+
+SETTINGS = dict(hooks.METHOD_SETTINGS["hydra"])
+
+
+def recipe(**method):
+    return SimpleNamespace(method={**SETTINGS, **method}, seed=0)
+
+
+@pytest.fixture(scope="module")
+def data(tiny):
+    conversations = [([1, 20, 30, 40], [50, 60, 70, 80, 90, 100, 110]), ([1, 25, 35], [45, 55, 65, 75, 85])]
+    layers = hooks.feature_layers("hydra", tiny.num_layers, recipe())
+    sequences = target_sequences(tiny, conversations, layers, "test")
+    return sequences, make_batch(sequences, SETTINGS["num_heads"]), Labels(tiny, None)
+
+
+@pytest.fixture
+def head(tiny):
+    head = hooks.new_head(tiny, "hydra", recipe(), None)
+    with torch.no_grad():  # away from the zero start, so that every block matters
+        for parameter in head.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)) * 0.05)
+    return head
+
+
+def reference_loss(head, sequences, labels, teacher_weight, lm_weight):
+    """Per head, per sequence, per position: Hydra's shift = i + 2 with the label x_{t+i+2} a trained token; each
+    term a mean over all such positions of the batch, summed over the heads."""
+    total = 0.0
+    for index in range(head.config.num_heads):
+        teacher_terms, lm_terms = [], []
+        for sequence in sequences:
+            length, prompt = len(sequence.token_ids), sequence.prompt_length
+            prefix = head.prefix_sequences(sequence.features[None])[0]
+            for t in range(length - 1):
+                label = t + index + 2  # the data token predicted
+                if not (label <= length - 1 and label >= prompt):
+                    continue
+                inputs = torch.cat((prefix[t], *(head.target_embedding[sequence.token_ids[t + 1 + k]]
+                                                 for k in range(index + 1))))
+                log_probs = head.head_logits(index, inputs[None])[0].log_softmax(-1)
+                teacher = labels.logits(sequence.final[label - 1][None])[0].softmax(-1)
+                teacher_terms.append(-(teacher * log_probs).sum())
+                lm_terms.append(-log_probs[sequence.token_ids[label]])
+        total = total + teacher_weight * torch.stack(teacher_terms).mean() + lm_weight * torch.stack(lm_terms).mean()
+    return total
+
+
+@pytest.mark.parametrize("teacher_weight, lm_weight", [(1.0, 0.0), (0.3, 0.7)])
+def test_loss_is_hydras(head, data, teacher_weight, lm_weight):
+    sequences, batch, labels = data
+    value, parts = hooks.loss(head, labels, batch, "hydra", recipe(teacher_loss_weight=teacher_weight,
+                                                                   lm_loss_weight=lm_weight), None)
+    torch.testing.assert_close(value, reference_loss(head, sequences, labels, teacher_weight, lm_weight),
+                               atol=1e-5, rtol=1e-5)
+    assert set(parts) == {f"head{i}_{name}" for i in range(4) for name in ("teacher", "lm", "top1")}
+
+
+def test_dropout_draws_from_the_generator_and_only_the_head_trains(head, data, tiny):
+    _, batch, labels = data
+    plain, _ = hooks.loss(head, labels, batch, "hydra", recipe(), None)
+    first, _ = hooks.loss(head, labels, batch, "hydra", recipe(), torch.Generator().manual_seed(4))
+    second, _ = hooks.loss(head, labels, batch, "hydra", recipe(), torch.Generator().manual_seed(4))
+    assert first.item() != pytest.approx(plain.item()) and first.item() == second.item()
+    unregularised, _ = hooks.loss(head, labels, batch, "hydra", recipe(dropout_rate=0.0),
+                                  torch.Generator().manual_seed(4))
+    assert unregularised.item() == pytest.approx(plain.item())
+    first.backward()
+    assert all(parameter.grad is not None for parameter in head.parameters())
+    assert not head.target_embedding.requires_grad  # the base model's embedding stays frozen, as train.py:937
+
+
+def test_chain_is_each_head_fed_the_true_tokens(head, data):
+    sequences, batch, labels = data
+    chain = hooks.chain_tokens(head, labels, batch, "hydra", 6)
+    width = batch.features.shape[1]
+    assert chain.shape == (2, width, 6)
+    assert (chain[:, :, 4:] == -1).all()  # 4 heads: no fifth or sixth token
+    sequence = sequences[0]
+    prefix = head.prefix_sequences(sequence.features[None])[0]
+    for t in (0, 3, 6):
+        for k in range(1, 5):
+            inputs = torch.cat((prefix[t], *(head.target_embedding[batch.token_ids[0, t + j]] for j in range(1, k + 1))))
+            assert int(chain[0, t, k - 1]) == int(head.head_logits(k - 1, inputs[None]).argmax())
+
+
+def test_a_batch_too_short_for_the_heads_is_refused(head, data):
+    from conftest import refusal
+
+    sequences, _, labels = data
+    short = make_batch(sequences, 1)
+    assert "needs make_batch(sequences, depth >= 4)" in refusal(hooks.loss, head, labels, short, "hydra", recipe(),
+                                                                None)
+
+
+def test_recipe_is_the_published_one():
+    """README.md's training command @3f39fbd, re-stated."""
+    assert hooks.KINDS == ("hydra",)
+    published = hooks.PUBLISHED["hydra"]
+    assert {key: published[key] for key in ("epochs", "lr", "schedule", "warmup_steps", "weight_decay",
+                                            "batch_size", "precision")} == {
+        "epochs": 10, "lr": 5e-4, "schedule": "cosine", "warmup_steps": 100, "weight_decay": 0.1,
+        "batch_size": 32, "precision": "bf16"}
+    assert hooks.METHOD_SETTINGS["hydra"] == {"num_heads": 4, "num_layers": 4, "hidden_state_offset": 0,
+                                              "dropout_rate": 0.2, "lm_loss_weight": 0.0,
+                                              "teacher_loss_weight": 1.0, "final_lr_multiplier": 0.33}
+    assert set(hooks.SOURCES["hydra"]) == set(published)
+    assert all("@3f39fbd" in where for where in hooks.SOURCES["hydra"].values())
+
+
+def test_feature_layer_and_save_load(tiny, head, tmp_path):
+    assert hooks.feature_layers("hydra", 12, recipe()) == (12,)
+    assert hooks.feature_layers("hydra", 12, recipe(hidden_state_offset=2)) == (10,)
+    hooks.save(head, "hydra", tmp_path)
+    loaded = hooks.load(tiny, tmp_path, "hydra")
+    assert all(torch.equal(loaded.state_dict()[key], value.detach()) for key, value in head.state_dict().items())
