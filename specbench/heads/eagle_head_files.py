@@ -124,28 +124,29 @@ def _replace(config: HeadConfig, **changes) -> HeadConfig:
     return HeadConfig(**values)
 
 
-def _head_directory(source: str, revision: str | None) -> Path:
-    """The local directory of ``source``: itself when it is one, else a hub id's snapshot (the cache first)."""
+def _head_directory(source: str, revision: str | None, what: str = "EAGLE head") -> Path:
+    """The local directory of ``source``: itself when it is one, else a hub id's snapshot (the cache first).
+    ``what`` names the checkpoint in the errors (the Medusa heads' loader shares this)."""
     source = str(source)
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     if source.startswith(("/", ".", "~")) or path.exists() or source.count("/") != 1:
-        raise SpecbenchError(f"EAGLE head {source} is not a directory holding a head checkpoint, nor a hub id "
+        raise SpecbenchError(f"{what} {source} is not a directory holding a head checkpoint, nor a hub id "
                              f"(owner/name)")
     from specbench import hub_cache
 
     cached = hub_cache.cached_snapshot(source, revision)
     if cached is not None:
         return cached
-    unavailable = (f"EAGLE head {source} is not in the local Hugging Face cache and the hub is unreachable; "
+    unavailable = (f"{what} {source} is not in the local Hugging Face cache and the hub is unreachable; "
                    f"download it where the hub can be reached (`hf download {source}`) or pass "
                    f"drafter.head.path=/dir/of/head")
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not hub_cache.hub_reachable():
         raise SpecbenchError(unavailable)
     from huggingface_hub import snapshot_download
 
-    log.info("EAGLE head %s is not in the local Hugging Face cache; downloading it", source)
+    log.info("%s %s is not in the local Hugging Face cache; downloading it", what, source)
     try:
         return Path(snapshot_download(source, revision=revision))
     except Exception as error:  # any hub failure (offline, unknown id, no access) means the same to the user
@@ -154,21 +155,21 @@ def _head_directory(source: str, revision: str | None) -> Path:
         refusal = refusal_of(error)  # a full or read-only cache is not the hub's fault
         if refusal is not None:
             raise refusal from error
-        raise SpecbenchError(f"EAGLE head {source} could not be downloaded ({type(error).__name__}); check the id, "
+        raise SpecbenchError(f"{what} {source} could not be downloaded ({type(error).__name__}); check the id, "
                              f"or download it (`hf download {source}`) and pass drafter.head.path=/dir/of/head"
                              ) from error
 
 
-def _read_config(directory: Path, source: str) -> dict:
+def _read_config(directory: Path, source: str, what: str = "EAGLE head") -> dict:
     file = directory / "config.json"
     if not file.is_file():
-        raise SpecbenchError(f"EAGLE head {source} has no config.json in {directory}")
+        raise SpecbenchError(f"{what} {source} has no config.json in {directory}")
     try:
         config = json.loads(file.read_text())
     except Exception as error:  # OSError, not UTF-8, not JSON, RecursionError (deep nesting): damaged all the same
-        raise SpecbenchError(f"EAGLE head {source}: {file} is not readable JSON ({damage_reason(error)})") from None
+        raise SpecbenchError(f"{what} {source}: {file} is not readable JSON ({damage_reason(error)})") from None
     if not isinstance(config, dict):
-        raise SpecbenchError(f"EAGLE head {source}: {file} holds {type(config).__name__}, not a config object")
+        raise SpecbenchError(f"{what} {source}: {file} holds {type(config).__name__}, not a config object")
     return config
 
 
@@ -179,7 +180,7 @@ def _weights_file(directory: Path, source: str) -> Path:
     raise SpecbenchError(f"EAGLE head {source} has no weights in {directory}: expected {' or '.join(WEIGHT_FILES)}")
 
 
-def _read_weights(file: Path, source: str) -> dict[str, torch.Tensor]:
+def _read_weights(file: Path, source: str, what: str = "EAGLE head") -> dict[str, torch.Tensor]:
     try:
         if file.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -187,10 +188,10 @@ def _read_weights(file: Path, source: str) -> dict[str, torch.Tensor]:
             return load_file(str(file))
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:  # safetensors' own error, pickle's, or OSError: a damaged or truncated download
-        raise SpecbenchError(f"EAGLE head {source}: weight file {file} is damaged or unreadable "
+        raise SpecbenchError(f"{what} {source}: weight file {file} is damaged or unreadable "
                              f"({type(error).__name__}: {' '.join(str(error).split())[:200]})") from error
     if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
-        raise SpecbenchError(f"EAGLE head {source}: {file} does not hold a dict of weights")
+        raise SpecbenchError(f"{what} {source}: {file} does not hold a dict of weights")
     return state
 
 
