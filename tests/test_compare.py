@@ -55,7 +55,8 @@ def test_hand_checked_cells_are_pinned(table, method, task, metric, value):
 # (the specbench drafter that implements it, "" for none; the drafter settings the published row ran).
 #   spec-bench: hemingkx/Spec-Bench Leaderboard.md @fd2c1cd, its 11 method rows; SAMD[EAGLE2] ran eval.sh:28
 #     (--tree_method eagle2 and no --static_sam_path: EAGLE-2 auxiliary, no corpus automaton), REST eval.sh:8, 24
-#     (datastore_chat_large.idx: UltraChat, specbench's corpus=hf:stingning/ultrachat); Hydra, Medusa: no drafter.
+#     (datastore_chat_large.idx: UltraChat, specbench's corpus=hf:stingning/ultrachat); Medusa eval.sh:18 (medusa);
+#     Hydra: no drafter.
 #   samd: hyx1999/SAM-Decoding README @18c41f0, table "Expeiment result on Spec-Bench": one row per auxiliary
 #     (the brackets), the automata alone unbracketed; which corpus its static automaton had, the table does not say.
 #   recycling: Luowaterbi/TokenRecycling README @1b4c05c: results.png's rows (AR, Lade = Lookahead decoding, PLD,
@@ -64,7 +65,7 @@ PUBLISHED_METHODS = {
     ("spec-bench", "SAMD[EAGLE2]"): ("samd", "auxiliary=eagle2; corpus=null"),
     ("spec-bench", "EAGLE3"): ("eagle3", ""), ("spec-bench", "EAGLE2"): ("eagle2", ""),
     ("spec-bench", "EAGLE"): ("eagle", ""), ("spec-bench", "Hydra"): ("hydra", ""), ("spec-bench", "SpS"): ("sps", ""),
-    ("spec-bench", "PLD"): ("pld", ""), ("spec-bench", "Medusa"): ("", ""),
+    ("spec-bench", "PLD"): ("pld", ""), ("spec-bench", "Medusa"): ("medusa", ""),
     ("spec-bench", "Recycling"): ("recycling", ""), ("spec-bench", "REST"): ("rest", "corpus=hf:stingning/ultrachat"),
     ("spec-bench", "Lookahead"): ("lookahead", ""),
     ("samd", "SAM-Decoding"): ("samd", "auxiliary=none; corpus="),
@@ -72,7 +73,7 @@ PUBLISHED_METHODS = {
     ("samd", "SAM-Decoding[Token Recycle]"): ("samd", "auxiliary=recycling; corpus="),
     ("samd", "EAGLE2"): ("eagle2", ""), ("samd", "PLD"): ("pld", ""), ("samd", "Tokey Recycle"): ("recycling", ""),
     ("recycling", "AR"): ("ar", ""), ("recycling", "Lade"): ("lookahead", ""), ("recycling", "PLD"): ("pld", ""),
-    ("recycling", "REST"): ("rest", "corpus="), ("recycling", "Medusa"): ("", ""),
+    ("recycling", "REST"): ("rest", "corpus="), ("recycling", "Medusa"): ("medusa", ""),
     ("recycling", "TR"): ("recycling", ""), ("recycling", "Eagle1"): ("eagle", ""), ("recycling", "Eagle2"): ("eagle2", ""),
 }
 
@@ -191,7 +192,8 @@ def test_the_command_line_prints_the_comparison_and_draws_the_figure(runs, tmp_p
     assert "Speedups compare only on like hardware" in flat
     assert max(len(line) for line in out.splitlines()) <= 120
     assert "measured, not published in this selection: suffix" in flat
-    assert "published, not measured: " in flat and "eagle3" in flat and "no specbench drafter: Medusa" in flat
+    assert "published, not measured: " in flat and "eagle3" in flat and "no specbench drafter" not in flat
+    assert "hydra, lookahead, medusa, recycling" in flat  # every leaderboard method has a drafter now
     assert " DIFF " in out and " same " in out and "1.81" in out  # 3.0x / 1.66x, the A100 table's overall
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 1000
     with pytest.raises(SystemExit) as exit_status:

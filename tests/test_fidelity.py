@@ -42,6 +42,8 @@ PUBLISHED = {  # config -> {key: value as the original ran it}, written out from
     "eagle": {"kind": "eagle", "tree": "static", "static_tree": "mc_sim_7b_63"},
     "eagle2": {"kind": "eagle", "tree": "dynamic", "total_tokens": 60, "depth": 5, "top_k": 10},
     "eagle3": {"kind": "eagle3", "tree": "dynamic", "total_tokens": 60, "depth": 5, "top_k": 10},
+    # SB evaluation/inference_medusa.py:172-177 (--medusa-choices mc_sim_7b_63), :200 (num_heads = 4)
+    "medusa": {"tree": "mc_sim_7b_63", "heads": 4},
     # vLLM vllm/config/speculative.py @f19b16d (suffix_decoding_* defaults), arctic-inference 0.1.1 cache.py
     "suffix": {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_tokens": None, "max_spec_factor": 1.0,
                "max_spec_offset": 0.0, "min_token_prob": 0.1, "tree_spec": False},

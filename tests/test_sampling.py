@@ -105,10 +105,10 @@ def make(name, small):
 #   drafter fed the sampled output inside Lookahead's window (hd, the window and its databases; hd-chains and
 #   lookahead are its parts), a static tree learning from the target's top-k (recycling; samd and hybrid add
 #   SAM's chain to it, rest builds one tree per step from its datastore), a state kept across questions (suffix),
-#   a trained head's dynamic tree (eagle3; eagle and eagle2 use EAGLE-1's head; hydra's static tree of heads is
-#   verified as eagle's), and no draft (ar).
+#   a trained head's dynamic tree (eagle3; eagle and eagle2 use EAGLE-1's head, medusa's heads a static tree, hydra's static tree of
+#   heads, all deterministic drafts), and no draft (ar).
 SAME_AS_DRAFT_MODEL = ("draft_model", "opt-small", "qwen-0.5b", "wide-pruned", "hd-chains", "pld-hd", "eagle2",
-                       "eagle", "lookahead", "samd", "hybrid", "rest", "hydra")
+                       "eagle", "lookahead", "samd", "hybrid", "rest", "medusa", "hydra")
 # Drafters whose drafts the target accepts often on this model: their samples must have gone through accepted
 # drafts (more than a tenth of the decodes), or a check of the distribution would only have tested AR.
 ACCEPTED_OFTEN = ("pld", "sps", "draft_model")

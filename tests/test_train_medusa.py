@@ -1,0 +1,146 @@
+"""Medusa-1's training hooks on tiny-random: the loss re-stated by hand from train_legacy.py, the heads' chain as
+the trainer compares it, the initialisation, the round trip through Medusa's format, and the published recipe."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specbench.testing import greedy_reference, prompt_ids
+from specbench.training import medusa
+from specbench.training.eagle import dense_weight, make_batch, target_sequences
+
+
+def recipe(**method):
+    return types.SimpleNamespace(method={**medusa.METHOD_SETTINGS["medusa"], **method}, seed=0)
+
+
+@pytest.fixture(scope="module")
+def sequences(tiny):
+    conversations = [(ids, greedy_reference(tiny.weights.module, ids, 12)) for ids in prompt_ids(tiny)]
+    return target_sequences(tiny, conversations, medusa.feature_layers("medusa", tiny.num_layers, None), "test")
+
+
+@pytest.fixture(scope="module")
+def batch(sequences):
+    return make_batch(sequences, 1)  # the trainer's depth: the hooks must not need it to reach t + 2 + k
+
+
+def trained_heads(tiny, seed=1):
+    """Heads with every weight random, so that each head's logits differ."""
+    heads = medusa.new_head(tiny, "medusa", recipe(), None)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1]))
+    return heads
+
+
+@torch.no_grad()  # the sequences' tensors come from inference mode, as the trainer's do before make_batch copies them
+def reference_loss(heads, sequences):
+    """train_legacy.py:72-78: head i's logits at t against labels[t + 2 + i], the labels the assistant's tokens only
+    (IGNORE elsewhere); CrossEntropyLoss's mean over the batch's labelled positions; summed over heads."""
+    total = 0.0
+    for k in range(heads.config.num_heads):
+        losses = []
+        for sequence in sequences:
+            length, prompt = len(sequence.token_ids), sequence.prompt_length
+            for t in range(length):
+                u = t + 2 + k
+                if prompt <= u < length:
+                    logits = heads.head_logits(k, sequence.final[t])
+                    losses.append(F.cross_entropy(logits[None], sequence.token_ids[u:u + 1]))
+        total += torch.stack(losses).mean()
+    return total
+
+
+def test_the_loss_is_medusa_ones_hard_label_sum_over_heads(tiny, sequences, batch):
+    heads = trained_heads(tiny)
+    total, parts = medusa.loss(heads, None, batch, "medusa", recipe(), None)
+    torch.testing.assert_close(total, reference_loss(heads, sequences), rtol=1e-5, atol=1e-5)
+    assert sorted(parts) == sorted(f"medusa{k}_{name}" for k in range(4) for name in ("loss", "top1"))
+    assert math.isclose(sum(parts[f"medusa{k}_loss"] for k in range(4)), float(total.detach()), rel_tol=1e-5)
+
+
+def test_only_the_heads_train_every_part_of_them(tiny, batch):
+    heads = trained_heads(tiny)
+    heads.train()
+    total, _ = medusa.loss(heads, None, batch, "medusa", recipe(), None)
+    total.backward()
+    for name, parameter in heads.named_parameters():
+        assert parameter.requires_grad and parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+    # the heads' lm_heads are copies: nothing reaches the target's own weights
+    assert all(parameter.grad is None for parameter in tiny.weights.module.parameters())
+
+
+def test_the_chain_is_each_heads_argmax_at_the_same_state(tiny, batch):
+    heads = trained_heads(tiny)
+    chain = medusa.chain_tokens(heads, None, batch, "medusa", 6)
+    assert chain.shape == (*batch.features.shape[:2], 6)
+    for k in range(4):
+        assert torch.equal(chain[:, :, k], heads.head_logits(k, batch.features).argmax(-1))
+    assert (chain[:, :, 4:] == -1).all()  # no head names the 5th and 6th tokens
+
+
+def test_a_head_equal_to_the_targets_lm_head_names_the_targets_next_token(tiny, batch):
+    """Index convention: chain[:, t, 0] reads f_t, the state whose own lm_head gives greedy[t]. A head that is the
+    target's lm_head (zero block, zero bias) therefore names greedy[t], one position early for head 0, whose label is
+    x_{t+2} (compared with greedy[t + 1] by the trainer)."""
+    heads = medusa.new_head(tiny, "medusa", recipe(heads=1), None)
+    with torch.no_grad():
+        heads.medusa_head[0][0].linear.bias.zero_()
+    chain = medusa.chain_tokens(heads, None, batch, "medusa", 1)
+    inside = torch.arange(batch.features.shape[1])[None, :] < (batch.lengths[:, None] - 1)
+    assert torch.equal(chain[:, :, 0][inside], batch.greedy[:, :batch.features.shape[1]][inside])
+
+
+def test_new_heads_are_initialised_as_medusa_does_and_seeded(tiny):
+    before = torch.random.get_rng_state()
+    heads = medusa.new_head(tiny, "medusa", recipe(), None)
+    assert torch.equal(torch.random.get_rng_state(), before)  # the caller's random stream is untouched
+    assert (heads.config.num_heads, heads.config.num_layers) == (4, 1)
+    lm_head = dense_weight(tiny.weights.output_layer())
+    for head in heads.medusa_head:
+        assert torch.count_nonzero(head[0].linear.weight) == 0
+        torch.testing.assert_close(head[1].weight, lm_head)
+    again = medusa.new_head(tiny, "medusa", recipe(), None)
+    assert torch.equal(again.medusa_head[2][0].linear.bias, heads.medusa_head[2][0].linear.bias)
+    two_layers = medusa.new_head(tiny, "medusa", recipe(heads=2, layers=2), None)
+    assert len(two_layers.medusa_head) == 2 and len(two_layers.medusa_head[0]) == 3
+
+
+def test_save_and_load_round_trip_in_medusas_format(tiny, tmp_path, batch):
+    heads = trained_heads(tiny)
+    medusa.save(heads, "medusa", tmp_path)
+    assert (tmp_path / "medusa_lm_head.safetensors").is_file() and (tmp_path / "config.json").is_file()
+    loaded = medusa.load(tiny, tmp_path, "medusa")
+    assert torch.equal(medusa.chain_tokens(loaded, None, batch, "medusa", 4),
+                       medusa.chain_tokens(heads, None, batch, "medusa", 4))
+
+
+def test_feature_layers_are_the_final_state_and_unknown_kinds_are_refused(tiny):
+    from conftest import refusal
+
+    assert medusa.feature_layers("medusa", 30, None) == (30,)
+    assert "Medusa head kind 'hydra' is unknown; choose one of medusa" in refusal(medusa.feature_layers, "hydra",
+                                                                                   30, None)
+
+
+def test_the_published_recipe_is_medusas_and_every_value_has_its_source():
+    # FasterDecoding/Medusa scripts/train_vicuna_7b.sh @e2a5d20, re-stated: --num_train_epochs 1, --learning_rate
+    # 1e-3, --lr_scheduler_type cosine, --warmup_ratio 0.1, --weight_decay 0.0, --bf16 True, 8 per device x 4
+    # processes x 4 accumulation steps; transformers' defaults for max_grad_norm (1.0) and Adam's betas.
+    assert medusa.PUBLISHED["medusa"] == {
+        "epochs": 1, "lr": 1e-3, "schedule": "cosine", "warmup_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0,
+        "betas": (0.9, 0.999), "batch_sequences": 128, "precision": "bf16",
+        "data": medusa.PUBLISHED["medusa"]["data"], "heads": 5, "layers": 1}
+    assert "ShareGPT_V4.3_unfiltered_cleaned_split.json" in medusa.PUBLISHED["medusa"]["data"]
+    assert set(medusa.SOURCES["medusa"]) == set(medusa.PUBLISHED["medusa"])
+    assert all("@e2a5d20" in source for source in medusa.SOURCES["medusa"].values())
+    # specbench's own defaults: the 4 heads Spec-Bench drafts with, one block each
+    assert medusa.METHOD_SETTINGS == {"medusa": {"heads": 4, "layers": 1}}
+    assert set(medusa.METHOD_SETTINGS["medusa"]) <= set(medusa.PUBLISHED["medusa"])
