@@ -129,7 +129,7 @@ class Recipe:
     def describe_steps(self) -> str:
         if self.train_steps is not None:
             return f"{self.train_steps} training steps"
-        return f"{self.epochs:g} epochs"
+        return f"{self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
 
 
 def _plain(value):
