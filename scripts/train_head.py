@@ -5,13 +5,15 @@ set (by default specbench's head prompts), and save it where the drafter of that
     python scripts/train_head.py --model smollm2-135m --kind eagle3 --draft-vocab-size 8192 --epochs 8
     python scripts/train_head.py --model smollm2-135m --kind eagle --out heads/smol-eagle
     python scripts/train_head.py --model tiny-random --kind eagle3 --feature-layers 0,1,2 --train-steps 0
+    python scripts/train_head.py --model smollm2-135m --kind hydra
 
 Without --out the head goes where the drafter looks for the same settings (the specbench cache), so a drafter
 whose heads_by_model entry is ``{trained: {SETTINGS}}`` finds it built; the settings not given take the kind's
 defaults (specbench.training.heads.recipe_of: the method's published recipe with specbench's differences, listed in
 docs/fidelity.md), which are those of the drafters' entries for smollm2-135m: ``--kind eagle3`` alone builds the head
-drafter=eagle3 uses, ``--kind eagle`` alone the one of drafter=eagle and eagle2. Use another directory with
-drafter.head.path=DIR. An interrupted training resumes from its checkpoint when the same command runs again.
+drafter=eagle3 uses, ``--kind eagle`` alone the one of drafter=eagle and eagle2, ``--kind hydra`` alone
+drafter=hydra's. Use another directory with drafter.head.path=DIR. An interrupted training resumes from its
+checkpoint when the same command runs again.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from specbench.heads.hydra_heads import (
     save_hydra_head,
 )
 from specbench.models.tiny import build_tiny_random
-from specbench.training.eagle import dense_weight
+from specbench.training.heads import dense_weight
 
 HEADS, LAYERS = 4, 4
 

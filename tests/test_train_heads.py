@@ -179,8 +179,9 @@ def test_the_rebuild_command_gives_the_script_the_same_settings(tiny, tmp_path):
     assert script.spec_of(args) == spec and args.out == str(tmp_path / "head") and args.kind == "eagle3"
 
 
-@pytest.mark.parametrize("drafter", ["eagle", "eagle2", "eagle3"])
-def test_the_scripts_defaults_build_the_head_the_drafter_looks_up(drafter):
+@pytest.mark.parametrize("drafter,kind", [("eagle", "eagle"), ("eagle2", "eagle"), ("eagle3", "eagle3"),
+                                          ("hydra", "hydra")])
+def test_the_scripts_defaults_build_the_head_the_drafter_looks_up(drafter, kind):
     # `python scripts/train_head.py --kind K` (its default --model and every setting left to its default) must
     # write the head the drafter's heads_by_model entry names: else the drafter never finds the head the docs tell
     # users to build and trains another one on first use.
@@ -195,14 +196,15 @@ def test_the_scripts_defaults_build_the_head_the_drafter_looks_up(drafter):
     script = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(script)
     cfg = compose([f"drafter={drafter}"])
-    eagle = instantiate(cfg.drafter)
-    args = script.parse(["--kind", eagle.kind])
+    instance = instantiate(cfg.drafter)
+    assert getattr(instance, "kind", kind) == kind  # the EAGLE drafters name their kind
+    args = script.parse(["--kind", kind])
     assert args.model == cfg.model.name == "smollm2-135m" and args.out is None
     # The key reads only the target's name and source (no model needs loading to compare two keys).
     target = SimpleNamespace(name=args.model, source="the same weights")
-    looked_up = eagle._spec_for(target)["trained"]
+    looked_up = instance._spec_for(target)["trained"]
     assert (trained_head_directory(target, args.kind, script.spec_of(args), None)
-            == trained_head_directory(target, eagle.kind, looked_up, eagle.cache_dir))
+            == trained_head_directory(target, kind, looked_up, instance.cache_dir))
     if drafter == "eagle3":
         assert script.parse([]).kind == "eagle3"  # the script's default kind is this drafter's
 
@@ -521,6 +523,9 @@ def test_the_schedules_warm_up_then_decay_as_named():
     assert [factor("linear", step, 2, 6) for step in range(6)] == pytest.approx([1 / 3, 2 / 3, 1, 0.75, 0.5, 0.25])
     assert [factor("constant", step, 1, 4) for step in range(4)] == [0.5, 1, 1, 1]
     assert [factor("cosine", step, 0, 4) for step in range(4)] == pytest.approx([1, 0.853553, 0.5, 0.146447], abs=1e-6)
+    # a final multiplier (Hydra's) lifts the decay's floor: final + (1 - final) x the decay to 0
+    assert [factor("linear", step, 2, 6, 0.2) for step in range(6)] == pytest.approx([1 / 3, 2 / 3, 1, 0.8, 0.6, 0.4])
+    assert factor("cosine", 4, 0, 4, 0.33) == pytest.approx(0.33) and factor("constant", 3, 1, 4, 0.33) == 1
 
 
 @pytest.mark.parametrize("kind,spec,clipper", [("eagle3", EAGLE3_TINY, "clip_grad_norm_"),

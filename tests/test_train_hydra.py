@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specbench.training import hydra as hooks
-from specbench.training.eagle import Labels, make_batch, target_sequences
+from specbench.training.heads import Labels, make_batch, target_sequences
 
 SETTINGS = dict(hooks.METHOD_SETTINGS["hydra"])
 
@@ -108,9 +108,11 @@ def test_recipe_is_the_published_one():
     assert hooks.KINDS == ("hydra",)
     published = hooks.PUBLISHED["hydra"]
     assert {key: published[key] for key in ("epochs", "lr", "schedule", "warmup_steps", "weight_decay",
-                                            "batch_size", "precision")} == {
+                                            "grad_clip", "grad_clip_by", "betas", "batch_sequences", "precision",
+                                            "max_length")} == {
         "epochs": 10, "lr": 5e-4, "schedule": "cosine", "warmup_steps": 100, "weight_decay": 0.1,
-        "batch_size": 32, "precision": "bf16"}
+        "grad_clip": 1.0, "grad_clip_by": "norm", "betas": (0.9, 0.999), "batch_sequences": 32, "precision": "bf16",
+        "max_length": 2048}
     assert hooks.METHOD_SETTINGS["hydra"] == {"num_heads": 4, "num_layers": 4, "hidden_state_offset": 0,
                                               "dropout_rate": 0.2, "lm_loss_weight": 0.0,
                                               "teacher_loss_weight": 1.0, "final_lr_multiplier": 0.33}
@@ -124,3 +126,71 @@ def test_feature_layer_and_save_load(tiny, head, tmp_path):
     hooks.save(head, "hydra", tmp_path)
     loaded = hooks.load(tiny, tmp_path, "hydra")
     assert all(torch.equal(loaded.state_dict()[key], value.detach()) for key, value in head.state_dict().items())
+
+
+def test_specbenchs_hydra_recipe_is_the_published_one_but_for_the_named_differences():
+    """recipe_of("hydra", {}) re-stated: what README.md's command ran where a 2-core CPU can run it (clipping,
+    AdamW, weight decay, the cosine to 0.33 x, the heads and the loss), and specbench's own values, each with a
+    reason in methods.DIFFERENCES, where it cannot."""
+    from specbench.training import methods
+    from specbench.training.heads import recipe_of
+
+    recipe = recipe_of("hydra", {})
+    ours = {"epochs": 1.0, "lr": 1e-3, "schedule": "cosine", "warmup_steps": None, "warmup_ratio": 0.1,
+            "weight_decay": 0.1, "grad_clip": 1.0, "grad_clip_by": "norm", "betas": (0.9, 0.999),
+            "batch_sequences": 4, "train_steps": None, "prompts": "head", "max_new_tokens": 256}
+    assert {name: getattr(recipe, name) for name in ours} == ours
+    assert recipe.method == SETTINGS  # every method setting is the published one
+    published = hooks.PUBLISHED["hydra"]
+    for name, value in ours.items():
+        if name in published and published[name] != value:
+            assert name in methods.DIFFERENCES["hydra"], f"hydra {name} differs without a reason"
+
+
+def test_the_trainer_builds_batches_deep_enough_for_every_head():
+    from specbench.training import heads
+    from specbench.training.heads import recipe_of
+
+    assert heads.batch_depth(hooks, "hydra", recipe_of("hydra", {})) == heads.EVAL_POSITIONS  # 4 heads < 6
+    assert heads.batch_depth(hooks, "hydra", recipe_of("hydra", {"num_heads": 9})) == 9
+
+
+def test_the_learning_rate_decays_to_a_third_of_the_peak_as_hydras_scheduler_does(tiny, data, tmp_path, monkeypatch):
+    """Over train(), the rate AdamW steps with: hydra/train/utils.py:11-17 @3f39fbd's cosine, factor
+    0.33 + 0.67 x (1 + cos(pi x progress)) / 2 after the warm-up (specbench's warm-up: (step + 1) / (warmup + 1)),
+    where the eagle kinds' decay reaches 0."""
+    import math
+
+    from specbench.training import heads
+    from specbench.training.heads import recipe_of
+
+    sequences, _, labels = data
+    used = []
+    original = torch.optim.AdamW.step
+
+    def recording(optimizer, *args, **kwargs):
+        used.append(optimizer.param_groups[0]["lr"])
+        return original(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording)
+    recipe = recipe_of("hydra", {"train_steps": 6, "warmup_steps": 2, "batch_sequences": 2, "lr": 1e-3,
+                                 "num_layers": 1})
+    head = hooks.new_head(tiny, "hydra", recipe, sequences)
+    heads.train(head, labels, sequences, "hydra", recipe, tmp_path / "staging", {"test": "hydra"})
+    restated = [1e-3 * (step + 1) / 3 if step < 2 else
+                1e-3 * (0.33 + 0.67 * 0.5 * (1 + math.cos(math.pi * (step - 2) / 4))) for step in range(6)]
+    assert used == pytest.approx(restated)
+    assert heads.schedule_factor("cosine", 6, 2, 6, heads.final_lr_multiplier(recipe)) == pytest.approx(0.33)
+    assert heads.final_lr_multiplier(recipe_of("eagle", {})) == 0.0
+
+
+def test_hydra_settings_out_of_range_are_one_line():
+    from conftest import refusal
+
+    from specbench.training.heads import recipe_of
+
+    assert refusal(recipe_of, "hydra", {"final_lr_multiplier": 1.5}) == (
+        "hydra training final_lr_multiplier must be a number in [0, 1], got 1.5")
+    assert refusal(recipe_of, "hydra", {"num_heads": 0}) == "hydra training num_heads must be an integer >= 1, got 0"
+    assert refusal(recipe_of, "hydra", {"dropout_rate": 1}) == (
+        "hydra training dropout_rate must be a number in [0, 1), got 1")

@@ -26,7 +26,9 @@ and optionally ``NULLABLE[kind]`` (method settings that may also be null), ``che
 types cannot say; raises SpecbenchError), ``batch_depth(kind, recipe)`` (label positions a batch must reach past
 each index; default EVAL_POSITIONS), ``draft_ids(head, kind)`` (the target ids of a reduced draft vocabulary, whose
 lm_head rows alone ``Labels`` multiplies), ``notes(head, kind, training, held_out)`` (method-specific counts for the
-manifest's ``data``) and ``SECONDS_PER_KILO_TOKEN[kind]`` (for the estimate said before a build).
+manifest's ``data``) and ``SECONDS_PER_KILO_TOKEN[kind]`` (for the estimate said before a build). A method setting
+named ``final_lr_multiplier`` (Hydra's) ends the cosine or linear decay at that fraction of the peak learning rate;
+a kind without one decays to 0.
 
 Index conventions, used throughout: a sequence x_0..x_{L-1} holds a prompt of P tokens and an answer. At index t the
 head knows the true tokens x_0..x_{t+1} and the features f_0..f_t; its k-th chain token guesses x_{t+1+k}, the
@@ -86,7 +88,9 @@ class Recipe:
     epochs: float = 1.0           # passes over the training sequences when train_steps is None
     batch_sequences: int = 4      # prompt + answer sequences per step
     lr: float = 1e-3              # AdamW peak learning rate
-    schedule: str = "cosine"      # after the linear warm-up: cosine or linear decay to 0 at the last step, or constant
+    # after the linear warm-up: cosine or linear decay to 0 (or a kind's final_lr_multiplier) at the last step, or
+    # constant
+    schedule: str = "cosine"
     warmup_steps: int | None = None  # steps of linear warm-up; None: warmup_ratio of the steps
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0     # AdamW's (decoupled)
@@ -125,7 +129,7 @@ class Recipe:
     def describe_steps(self) -> str:
         if self.train_steps is not None:
             return f"{self.train_steps} training steps"
-        return f"{self.epochs:g} epochs"
+        return f"{self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
 
 
 def _plain(value):
@@ -542,25 +546,31 @@ def _load_checkpoint(staging: Path, identity: dict) -> dict | None:
     return state
 
 
-def schedule_factor(schedule: str, step: int, warmup: int, total: int) -> float:
+def schedule_factor(schedule: str, step: int, warmup: int, total: int, final: float = 0.0) -> float:
     """The learning rate's factor at optimizer step ``step`` (0-based) of ``total``: linear warm-up over ``warmup``
-    steps, then ``schedule``: cosine or linear decay to 0 at ``total``, or constant.
+    steps, then ``schedule``: cosine or linear decay to ``final`` at ``total`` (0 but for Hydra's
+    final_lr_multiplier, which decays the factor d to final + (1 - final) x d), or constant.
 
-    Example: linear, warmup 2, total 6: steps 0..5 -> 1/3, 2/3, 1, 0.75, 0.5, 0.25."""
+    Example: linear, warmup 2, total 6: steps 0..5 -> 1/3, 2/3, 1, 0.75, 0.5, 0.25; with final 0.2 the last three
+    are 0.8, 0.6, 0.4."""
     if step < warmup:
         return (step + 1) / (warmup + 1)
     if schedule == "constant":
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1 + math.cos(math.pi * progress))
+    decay = 1.0 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return final + (1.0 - final) * decay
+
+
+def final_lr_multiplier(recipe: Recipe) -> float:
+    """The fraction of the peak learning rate the decay ends at: the kind's ``final_lr_multiplier`` setting, else 0."""
+    return float(recipe.method.get("final_lr_multiplier", 0.0))
 
 
 def _schedule(optimizer, recipe: Recipe, total: int):
-    warmup = recipe.warmup(total)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                             lambda step: schedule_factor(recipe.schedule, step, warmup, total))
+    warmup, final = recipe.warmup(total), final_lr_multiplier(recipe)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: schedule_factor(recipe.schedule, step, warmup, total, final))
 
 
 def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Recipe, staging: Path,

@@ -10,7 +10,7 @@ the positions whose label x_{t+i+2} is a trained (answer) token; the heads' loss
 before every residual block and before each lm head. Trained: the prefix layer, the heads' blocks and lm heads;
 the target, and the embedding the heads read, stay frozen (train.py freezes the base model before building them).
 
-Index conventions are ``training.eagle``'s (``Batch``): index t pairs f_t with x_{t+1}; ``batch.final[:, s]`` is the
+Index conventions are the trainer's (``training.heads.Batch``): index t pairs f_t with x_{t+1}; ``batch.final[:, s]`` is the
 target's post-norm state at position s, whose lm_head gives its distribution over x_{s+1}.
 """
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.errors import SpecbenchError
-from specbench.training.eagle import soft_cross_entropy
+from specbench.training.heads import soft_cross_entropy
 
 KINDS = ("hydra",)
 COMMIT = "@3f39fbd"
@@ -37,7 +37,9 @@ METHOD_SETTINGS = {"hydra": {
     "dropout_rate": 0.2,
     "lm_loss_weight": 0.0,           # cross-entropy against the data's tokens
     "teacher_loss_weight": 1.0,      # cross-entropy against the target's distribution
-    "final_lr_multiplier": 0.33,     # the cosine schedule decays to this fraction of the peak, not to 0
+    # the cosine (or linear) decay ends at this fraction of the peak, not at 0 (the trainer's schedule_factor
+    # reads a kind's final_lr_multiplier; kinds without one decay to 0)
+    "final_lr_multiplier": 0.33,
 }}
 
 PUBLISHED = {"hydra": {
@@ -45,10 +47,12 @@ PUBLISHED = {"hydra": {
     # README's command passes --weight_decay twice, 0.0 then 0.1: HfArgumentParser keeps the last
     "weight_decay": 0.1,
     "grad_clip": 1.0,                # transformers.TrainingArguments' max_grad_norm default (not set by the command)
+    "grad_clip_by": "norm",          # transformers.Trainer clips the global norm (clip_grad_norm_)
     "betas": (0.9, 0.999),           # adamw_torch with TrainingArguments' adam_beta1/2 defaults
-    "batch_size": 32,                # --global_batch_size 32 (8 GPUs x 4 sequences)
+    "batch_sequences": 32,           # 8 GPUs x 4 sequences, no accumulation (--global_batch_size only names the run)
     "precision": "bf16",
     "data": "ShareGPT (Aeala/ShareGPT_Vicuna_unfiltered), sequences of up to 2048 tokens",
+    "max_length": 2048,              # --model_max_length: longer conversations are truncated
     **METHOD_SETTINGS["hydra"],
 }}
 
@@ -56,19 +60,48 @@ SOURCES = {"hydra": {
     "epochs": f"{README}:146 {COMMIT}", "lr": f"{README}:155 {COMMIT}", "schedule": f"{README}:158 {COMMIT}",
     "warmup_steps": f"{README}:157 {COMMIT}", "weight_decay": f"{README}:156,172 {COMMIT}",
     "grad_clip": f"{TRAIN}:512 {COMMIT} (TrainingArguments subclass; max_grad_norm not overridden)",
+    "grad_clip_by": f"{TRAIN}:50 {COMMIT} (CustomizedTrainer, a transformers.Trainer: clip_grad_norm_)",
     "betas": f"{TRAIN}:514 {COMMIT} (optim adamw_torch, default betas)",
-    "batch_size": f"{README}:147 {COMMIT}", "precision": f"{README}:144 {COMMIT}",
-    "data": f"{README}:131,143,162 {COMMIT}",
+    "batch_sequences": f"{README}:142,148,150 {COMMIT} (nproc_per_node 8 x per_device_train_batch_size 4 x "
+                       "gradient_accumulation_steps 1)",
+    "precision": f"{README}:144 {COMMIT}",
+    "data": f"{README}:131,143,162 {COMMIT}", "max_length": f"{README}:162 {COMMIT}",
     "num_heads": f"{README}:164 {COMMIT}", "num_layers": f"{README}:165 {COMMIT}",
     "hidden_state_offset": f"{README}:168 {COMMIT}", "dropout_rate": f"{README}:171 {COMMIT}",
     "lm_loss_weight": f"{README}:169 {COMMIT}", "teacher_loss_weight": f"{README}:170 {COMMIT}",
-    "final_lr_multiplier": f"{README}:159 {COMMIT}",
+    "final_lr_multiplier": f"{README}:159 {COMMIT}, hydra/train/utils.py:17,59 {COMMIT}",
 }}
+
+# Seconds per 1000 training tokens (4 heads of 4 blocks) on the 2-core CPU of the development machine, for the
+# one-line estimate printed before a build (artefacts.trained_head.build_seconds_estimate): measured on SmolLM2-135M
+# over 5 steps of 4 sequences while two other jobs shared the 2 cores (this one had about a third of them), so a
+# quiet machine should train 2-3 times faster. Each head trains its own copy of the target's 49,152-row lm head,
+# forward and backward, beside the target's distribution at every label position: several times eagle's cost.
+SECONDS_PER_KILO_TOKEN = {"hydra": 52.0}
 
 
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise SpecbenchError(f"Hydra head kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
+
+
+def check(kind: str, settings: dict) -> None:
+    """Ranges the settings' types cannot say (the trainer already refuses negative numbers)."""
+    _check_kind(kind)
+    for name in ("num_heads", "num_layers"):
+        if settings[name] < 1:
+            raise SpecbenchError(f"hydra training {name} must be an integer >= 1, got {settings[name]}")
+    if settings["dropout_rate"] >= 1:
+        raise SpecbenchError(f"hydra training dropout_rate must be a number in [0, 1), got {settings['dropout_rate']:g}")
+    if settings["final_lr_multiplier"] > 1:  # train.py:472 asserts it too
+        raise SpecbenchError(f"hydra training final_lr_multiplier must be a number in [0, 1], got "
+                             f"{settings['final_lr_multiplier']:g}")
+
+
+def batch_depth(kind: str, recipe) -> int:
+    """Head i's label is x_{t+i+2}: a batch must reach num_heads label positions past each index."""
+    _check_kind(kind)
+    return recipe.method["num_heads"]
 
 
 def feature_layers(kind: str, num_layers: int, recipe) -> tuple[int, ...]:
