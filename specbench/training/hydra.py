@@ -164,6 +164,8 @@ def loss(head, labels, batch, kind: str, recipe, generator: torch.Generator | No
     dropout = _dropout(settings["dropout_rate"], generator)
     prefix = head.prefix_sequences(batch.features.to(head.hydra_lm_head[0][1].weight.dtype))
     positions = torch.arange(width)[None, :]
+    with torch.no_grad():  # the target's logits once for every head (each head's labels are a window of them)
+        target_logits = labels.logits(batch.final[:, 1:1 + width + heads - 1])
     total = torch.zeros(())
     parts: dict[str, float] = {}
     for index in range(heads):
@@ -171,7 +173,7 @@ def loss(head, labels, batch, kind: str, recipe, generator: torch.Generator | No
         logits = head.head_logits(index, _head_inputs(head, batch, index, prefix, width), dropout).float()
         # Hydra's mask: the data token x_{t+index+2} exists and is trained (an answer token)
         mask = batch.labelled[:, label:label + width] & (positions + label + 1 < batch.lengths[:, None])
-        teacher = soft_cross_entropy(logits, labels.logits(batch.final[:, label:label + width]), mask)
+        teacher = soft_cross_entropy(logits, target_logits[:, index:index + width], mask)
         data = F.cross_entropy(logits.transpose(1, 2), batch.token_ids[:, label + 1:label + 1 + width],
                                reduction="none")
         data = (data * mask).sum() / mask.sum().clamp(min=1)
