@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from specbench.testing import greedy_reference, prompt_ids
-from specbench.training import medusa
-from specbench.training.eagle import dense_weight, make_batch, target_sequences
+from specbench.training import medusa, methods
+from specbench.training.heads import dense_weight, make_batch, target_sequences
 
 
 def recipe(**method):
@@ -133,14 +133,46 @@ def test_feature_layers_are_the_final_state_and_unknown_kinds_are_refused(tiny):
 def test_the_published_recipe_is_medusas_and_every_value_has_its_source():
     # FasterDecoding/Medusa scripts/train_vicuna_7b.sh @e2a5d20, re-stated: --num_train_epochs 1, --learning_rate
     # 1e-3, --lr_scheduler_type cosine, --warmup_ratio 0.1, --weight_decay 0.0, --bf16 True, 8 per device x 4
-    # processes x 4 accumulation steps; transformers' defaults for max_grad_norm (1.0) and Adam's betas.
+    # processes x 4 accumulation steps, --model_max_length 2048; transformers' Trainer for max_grad_norm (1.0, the
+    # global norm) and Adam's betas.
     assert medusa.PUBLISHED["medusa"] == {
         "epochs": 1, "lr": 1e-3, "schedule": "cosine", "warmup_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0,
-        "betas": (0.9, 0.999), "batch_sequences": 128, "precision": "bf16",
-        "data": medusa.PUBLISHED["medusa"]["data"], "heads": 5, "layers": 1}
+        "grad_clip_by": "norm", "betas": (0.9, 0.999), "batch_sequences": 128, "precision": "bf16",
+        "max_length": 2048, "data": medusa.PUBLISHED["medusa"]["data"], "heads": 5, "layers": 1}
     assert "ShareGPT_V4.3_unfiltered_cleaned_split.json" in medusa.PUBLISHED["medusa"]["data"]
     assert set(medusa.SOURCES["medusa"]) == set(medusa.PUBLISHED["medusa"])
     assert all("@e2a5d20" in source for source in medusa.SOURCES["medusa"].values())
     # specbench's own defaults: the 4 heads Spec-Bench drafts with, one block each
     assert medusa.METHOD_SETTINGS == {"medusa": {"heads": 4, "layers": 1}}
     assert set(medusa.METHOD_SETTINGS["medusa"]) <= set(medusa.PUBLISHED["medusa"])
+
+
+def test_specbenchs_medusa_recipe_is_the_published_one_but_for_the_named_differences():
+    """specbench's defaults for a medusa head, re-stated: Medusa-1's recipe but for 4 sequences per step and 4
+    heads (each with its reason in methods.DIFFERENCES); a default that reverts or drifts fails here."""
+    from specbench.training.heads import recipe_of
+
+    recipe = recipe_of("medusa", {})
+    ours = {"train_steps": None, "epochs": 1.0, "batch_sequences": 4, "lr": 1e-3, "schedule": "cosine",
+            "warmup_steps": None, "warmup_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0, "grad_clip_by": "norm",
+            "betas": (0.9, 0.999), "prompts": "head", "max_new_tokens": 256, "sampled_answers": 0}
+    assert {name: getattr(recipe, name) for name in ours} == ours
+    assert recipe.method == {"heads": 4, "layers": 1}
+    assert set(methods.DIFFERENCES["medusa"]) == {"batch_sequences", "heads", "precision", "data", "max_length"}
+    assert methods.DIFFERENCES["medusa"]["batch_sequences"][0] == 4 and methods.DIFFERENCES["medusa"]["heads"][0] == 4
+
+
+def test_the_loss_needs_no_batch_depth_past_the_sequences(tiny, sequences):
+    """Head k's label at t is the sequence's own token t + 2 + k, inside every sequence: the loss is the same
+    whatever depth the trainer pads the label arrays to (so training.medusa has no batch_depth hook), also for
+    more heads than the trainer's measured chain is deep."""
+    assert not hasattr(medusa, "batch_depth")
+    heads = medusa.new_head(tiny, "medusa", recipe(heads=8), None)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1]))
+    shallow, _ = medusa.loss(heads, None, make_batch(sequences, 0), "medusa", recipe(heads=8), None)
+    deep, _ = medusa.loss(heads, None, make_batch(sequences, 12), "medusa", recipe(heads=8), None)
+    torch.testing.assert_close(shallow, deep)
+    torch.testing.assert_close(shallow, reference_loss(heads, sequences), rtol=1e-5, atol=1e-5)
