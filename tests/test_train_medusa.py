@@ -176,3 +176,64 @@ def test_the_loss_needs_no_batch_depth_past_the_sequences(tiny, sequences):
     deep, _ = medusa.loss(heads, None, make_batch(sequences, 12), "medusa", recipe(heads=8), None)
     torch.testing.assert_close(shallow, deep)
     torch.testing.assert_close(shallow, reference_loss(heads, sequences), rtol=1e-5, atol=1e-5)
+
+
+def test_a_built_medusa_head_is_published_in_medusas_format_alone_and_loads_back(tiny, tmp_path, monkeypatch):
+    """The one trainer builds medusa heads end to end (answers, features, training, the acceptance measured held out
+    and on training answers) and publishes only Medusa's two files beside the manifest: the optimizer's state (twice
+    the heads' size) stays in the partial checkpoint, which is removed once the head is published. The weight file
+    is the heads in float32 and no more (for SmolLM2: 4 x 49,152 x 576 x 4 bytes of lm_heads, about 453 MB)."""
+    from specbench.artefacts import trained_head as trained_heads
+    from specbench.heads.medusa_heads import MedusaHeads
+    from specbench.storage.manifest import read_manifest
+
+    conversations = [(ids, greedy_reference(tiny.weights.module, ids, 12)) for ids in prompt_ids(tiny)]
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target, recipe: conversations)
+    monkeypatch.setattr(trained_heads, "training_prompts", lambda recipe: [str(i) for i in range(len(conversations))])
+    spec = {"train_steps": 3, "batch_sequences": 2, "held_out": 1}
+    directory = trained_heads.trained_head_directory(tiny, "medusa", spec, str(tmp_path))
+    heads = trained_heads.trained_head(tiny, directory, "medusa", spec, given=False)
+    manifest = read_manifest(directory, "head", "")
+    assert manifest["kind"] == "trained medusa head" and manifest["steps"] == 3
+    assert manifest["recipe"]["heads"] == 4 and manifest["recipe"]["grad_clip_by"] == "norm"
+    for measured in ("train_acceptance", "held_out_acceptance"):
+        assert manifest[measured]["drafts"] > 0 and len(manifest[measured]["acceptance"]) == 6
+        assert manifest[measured]["acceptance"][4:] == [0.0, 0.0]  # 4 heads name no 5th or 6th token
+    assert sorted(path.name for path in directory.iterdir()) == ["config.json", "manifest.json",
+                                                                  "medusa_lm_head.safetensors"]
+    assert not trained_heads.staging_directory(directory).exists()
+    hidden, vocab = tiny.weights.hidden_size, tiny.vocab_size
+    weights = 4 * (vocab * hidden + hidden * hidden + hidden)
+    assert weights * 4 < (directory / "medusa_lm_head.safetensors").stat().st_size < weights * 4 + 4096
+    assert isinstance(heads, MedusaHeads) and heads.config.num_heads == 4
+    assert not any(parameter.requires_grad for parameter in heads.parameters())
+    again = trained_heads.load_trained_head(tiny, directory, "medusa", "rebuild it")
+    assert all(torch.equal(again.state_dict()[key], value) for key, value in heads.state_dict().items())
+    # what was trained is what is saved: the heads moved off Medusa's initialisation
+    fresh = medusa.new_head(tiny, "medusa", recipe(), None)
+    assert not torch.equal(fresh.medusa_head[0][0].linear.weight, heads.medusa_head[0][0].linear.weight)
+
+
+def test_the_scripts_defaults_build_the_heads_drafter_medusa_looks_up():
+    # `python scripts/train_head.py --kind medusa` with every setting left to its default writes the heads that
+    # drafter=medusa's smollm2-135m entry ({trained: {}}) names: else the drafter would train others on first use.
+    import importlib.util
+    from pathlib import Path
+
+    from hydra.utils import instantiate
+
+    from specbench.artefacts.trained_head import trained_head_directory
+    from specbench.config import compose
+
+    loader = importlib.util.spec_from_file_location("train_head", Path(__file__).parents[1] / "scripts" /
+                                                    "train_head.py")
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    cfg = compose(["drafter=medusa"])
+    drafter = instantiate(cfg.drafter)
+    args = script.parse(["--kind", drafter.kind])
+    assert args.model == cfg.model.name == "smollm2-135m" and drafter.kind == "medusa"
+    target = types.SimpleNamespace(name=args.model, source="the same weights")
+    assert drafter._spec_for(target) == {"trained": {}}
+    assert (trained_head_directory(target, "medusa", script.spec_of(args), None)
+            == trained_head_directory(target, "medusa", {}, drafter.cache_dir))
