@@ -237,3 +237,15 @@ def test_the_scripts_defaults_build_the_heads_drafter_medusa_looks_up():
     assert drafter._spec_for(target) == {"trained": {}}
     assert (trained_head_directory(target, "medusa", script.spec_of(args), None)
             == trained_head_directory(target, "medusa", {}, drafter.cache_dir))
+
+
+def test_a_medusa_build_has_an_estimate_before_it_starts():
+    # the rate measured for medusa heads on SmolLM2-135M (training/medusa.py): 145 steps of 4 sequences, about
+    # 21 minutes with the features, the figure docs/first_use.md and docs/usage.md give
+    from specbench.artefacts.trained_head import build_seconds_estimate
+    from specbench.training.heads import recipe_of
+
+    target = types.SimpleNamespace(weights=types.SimpleNamespace(hidden_size=576))
+    recipe = recipe_of("medusa", {})
+    assert recipe.steps(579) == 145
+    assert 19 * 60 < build_seconds_estimate(target, "medusa", recipe, 579) < 23 * 60
