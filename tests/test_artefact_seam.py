@@ -159,6 +159,7 @@ DRAFTERS = {
     "hybrid": ["drafter.corpus=python-docs"],
     "wide-pruned": [],
     "eagle3": [],
+    "medusa": [],
 }
 
 

@@ -20,7 +20,7 @@ from specbench.heads.medusa_heads import (
     save_medusa_heads,
 )
 from specbench.models.tiny import build_tiny_random
-from specbench.training.eagle import dense_weight
+from specbench.training.heads import dense_weight
 
 HEADS, LAYERS = 5, 1
 

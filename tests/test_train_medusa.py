@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from specbench.testing import greedy_reference, prompt_ids
-from specbench.training import medusa
-from specbench.training.eagle import dense_weight, make_batch, target_sequences
+from specbench.training import medusa, methods
+from specbench.training.heads import dense_weight, make_batch, target_sequences
 
 
 def recipe(**method):
@@ -133,14 +133,119 @@ def test_feature_layers_are_the_final_state_and_unknown_kinds_are_refused(tiny):
 def test_the_published_recipe_is_medusas_and_every_value_has_its_source():
     # FasterDecoding/Medusa scripts/train_vicuna_7b.sh @e2a5d20, re-stated: --num_train_epochs 1, --learning_rate
     # 1e-3, --lr_scheduler_type cosine, --warmup_ratio 0.1, --weight_decay 0.0, --bf16 True, 8 per device x 4
-    # processes x 4 accumulation steps; transformers' defaults for max_grad_norm (1.0) and Adam's betas.
+    # processes x 4 accumulation steps, --model_max_length 2048; transformers' Trainer for max_grad_norm (1.0, the
+    # global norm) and Adam's betas.
     assert medusa.PUBLISHED["medusa"] == {
         "epochs": 1, "lr": 1e-3, "schedule": "cosine", "warmup_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0,
-        "betas": (0.9, 0.999), "batch_sequences": 128, "precision": "bf16",
-        "data": medusa.PUBLISHED["medusa"]["data"], "heads": 5, "layers": 1}
+        "grad_clip_by": "norm", "betas": (0.9, 0.999), "batch_sequences": 128, "precision": "bf16",
+        "max_length": 2048, "data": medusa.PUBLISHED["medusa"]["data"], "heads": 5, "layers": 1}
     assert "ShareGPT_V4.3_unfiltered_cleaned_split.json" in medusa.PUBLISHED["medusa"]["data"]
     assert set(medusa.SOURCES["medusa"]) == set(medusa.PUBLISHED["medusa"])
     assert all("@e2a5d20" in source for source in medusa.SOURCES["medusa"].values())
     # specbench's own defaults: the 4 heads Spec-Bench drafts with, one block each
     assert medusa.METHOD_SETTINGS == {"medusa": {"heads": 4, "layers": 1}}
     assert set(medusa.METHOD_SETTINGS["medusa"]) <= set(medusa.PUBLISHED["medusa"])
+
+
+def test_specbenchs_medusa_recipe_is_the_published_one_but_for_the_named_differences():
+    """specbench's defaults for a medusa head, re-stated: Medusa-1's recipe but for 4 sequences per step and 4
+    heads (each with its reason in methods.DIFFERENCES); a default that reverts or drifts fails here."""
+    from specbench.training.heads import recipe_of
+
+    recipe = recipe_of("medusa", {})
+    ours = {"train_steps": None, "epochs": 1.0, "batch_sequences": 4, "lr": 1e-3, "schedule": "cosine",
+            "warmup_steps": None, "warmup_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0, "grad_clip_by": "norm",
+            "betas": (0.9, 0.999), "prompts": "head", "max_new_tokens": 256, "sampled_answers": 0}
+    assert {name: getattr(recipe, name) for name in ours} == ours
+    assert recipe.method == {"heads": 4, "layers": 1}
+    assert set(methods.DIFFERENCES["medusa"]) == {"batch_sequences", "heads", "precision", "data", "max_length"}
+    assert methods.DIFFERENCES["medusa"]["batch_sequences"][0] == 4 and methods.DIFFERENCES["medusa"]["heads"][0] == 4
+
+
+def test_the_loss_needs_no_batch_depth_past_the_sequences(tiny, sequences):
+    """Head k's label at t is the sequence's own token t + 2 + k, inside every sequence: the loss is the same
+    whatever depth the trainer pads the label arrays to (so training.medusa has no batch_depth hook), also for
+    more heads than the trainer's measured chain is deep."""
+    assert not hasattr(medusa, "batch_depth")
+    heads = medusa.new_head(tiny, "medusa", recipe(heads=8), None)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1]))
+    shallow, _ = medusa.loss(heads, None, make_batch(sequences, 0), "medusa", recipe(heads=8), None)
+    deep, _ = medusa.loss(heads, None, make_batch(sequences, 12), "medusa", recipe(heads=8), None)
+    torch.testing.assert_close(shallow, deep)
+    torch.testing.assert_close(shallow, reference_loss(heads, sequences), rtol=1e-5, atol=1e-5)
+
+
+def test_a_built_medusa_head_is_published_in_medusas_format_alone_and_loads_back(tiny, tmp_path, monkeypatch):
+    """The one trainer builds medusa heads end to end (answers, features, training, the acceptance measured held out
+    and on training answers) and publishes only Medusa's two files beside the manifest: the optimizer's state (twice
+    the heads' size) stays in the partial checkpoint, which is removed once the head is published. The weight file
+    is the heads in float32 and no more (for SmolLM2: 4 x 49,152 x 576 x 4 bytes of lm_heads, about 453 MB)."""
+    from specbench.artefacts import trained_head as trained_heads
+    from specbench.heads.medusa_heads import MedusaHeads
+    from specbench.storage.manifest import read_manifest
+
+    conversations = [(ids, greedy_reference(tiny.weights.module, ids, 12)) for ids in prompt_ids(tiny)]
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target, recipe: conversations)
+    monkeypatch.setattr(trained_heads, "training_prompts", lambda recipe: [str(i) for i in range(len(conversations))])
+    spec = {"train_steps": 3, "batch_sequences": 2, "held_out": 1}
+    directory = trained_heads.trained_head_directory(tiny, "medusa", spec, str(tmp_path))
+    heads = trained_heads.trained_head(tiny, directory, "medusa", spec, given=False)
+    manifest = read_manifest(directory, "head", "")
+    assert manifest["kind"] == "trained medusa head" and manifest["steps"] == 3
+    assert manifest["recipe"]["heads"] == 4 and manifest["recipe"]["grad_clip_by"] == "norm"
+    for measured in ("train_acceptance", "held_out_acceptance"):
+        assert manifest[measured]["drafts"] > 0 and len(manifest[measured]["acceptance"]) == 6
+        assert manifest[measured]["acceptance"][4:] == [0.0, 0.0]  # 4 heads name no 5th or 6th token
+    assert sorted(path.name for path in directory.iterdir()) == ["config.json", "manifest.json",
+                                                                  "medusa_lm_head.safetensors"]
+    assert not trained_heads.staging_directory(directory).exists()
+    hidden, vocab = tiny.weights.hidden_size, tiny.vocab_size
+    weights = 4 * (vocab * hidden + hidden * hidden + hidden)
+    assert weights * 4 < (directory / "medusa_lm_head.safetensors").stat().st_size < weights * 4 + 4096
+    assert isinstance(heads, MedusaHeads) and heads.config.num_heads == 4
+    assert not any(parameter.requires_grad for parameter in heads.parameters())
+    again = trained_heads.load_trained_head(tiny, directory, "medusa", "rebuild it")
+    assert all(torch.equal(again.state_dict()[key], value) for key, value in heads.state_dict().items())
+    # what was trained is what is saved: the heads moved off Medusa's initialisation
+    fresh = medusa.new_head(tiny, "medusa", recipe(), None)
+    assert not torch.equal(fresh.medusa_head[0][0].linear.weight, heads.medusa_head[0][0].linear.weight)
+
+
+def test_the_scripts_defaults_build_the_heads_drafter_medusa_looks_up():
+    # `python scripts/train_head.py --kind medusa` with every setting left to its default writes the heads that
+    # drafter=medusa's smollm2-135m entry ({trained: {}}) names: else the drafter would train others on first use.
+    import importlib.util
+    from pathlib import Path
+
+    from hydra.utils import instantiate
+
+    from specbench.artefacts.trained_head import trained_head_directory
+    from specbench.config import compose
+
+    loader = importlib.util.spec_from_file_location("train_head", Path(__file__).parents[1] / "scripts" /
+                                                    "train_head.py")
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    cfg = compose(["drafter=medusa"])
+    drafter = instantiate(cfg.drafter)
+    args = script.parse(["--kind", drafter.kind])
+    assert args.model == cfg.model.name == "smollm2-135m" and drafter.kind == "medusa"
+    target = types.SimpleNamespace(name=args.model, source="the same weights")
+    assert drafter._spec_for(target) == {"trained": {}}
+    assert (trained_head_directory(target, "medusa", script.spec_of(args), None)
+            == trained_head_directory(target, "medusa", {}, drafter.cache_dir))
+
+
+def test_a_medusa_build_has_an_estimate_before_it_starts():
+    # the rate measured for medusa heads on SmolLM2-135M (training/medusa.py): 145 steps of 4 sequences, about
+    # 21 minutes with the features, the figure docs/first_use.md and docs/usage.md give
+    from specbench.artefacts.trained_head import build_seconds_estimate
+    from specbench.training.heads import recipe_of
+
+    target = types.SimpleNamespace(weights=types.SimpleNamespace(hidden_size=576))
+    recipe = recipe_of("medusa", {})
+    assert recipe.steps(579) == 145
+    assert 19 * 60 < build_seconds_estimate(target, "medusa", recipe, 579) < 23 * 60

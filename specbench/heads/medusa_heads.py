@@ -223,7 +223,8 @@ def save_medusa_heads(heads: MedusaHeads, directory: str | Path) -> None:
     with Medusa-1's key names), each file through a temporary name and a rename."""
     config = heads.config
     directory = Path(directory)
-    state = {key[len(FULL_MODEL_PREFIX):]: value.detach().to("cpu").contiguous().clone()
+    # no copy of heads already on the host: SmolLM2's 4 lm_heads alone are 453 MB in float32
+    state = {key[len(FULL_MODEL_PREFIX):]: value.detach().to("cpu").contiguous()
              for key, value in heads.state_dict().items()}
     values = {"medusa_num_heads": config.num_heads, "medusa_num_layers": config.num_layers,
               "base_model_name_or_path": config.base_model,

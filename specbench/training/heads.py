@@ -515,7 +515,8 @@ def _save_checkpoint(staging: Path, identity: dict, head, optimizer, schedule, s
                      seconds: float) -> None:
     """Replace ``staging``/checkpoint.pt atomically (``storage.atomic``), so a kill leaves the old one or the new one."""
     state = {"identity": identity, "step": step, "losses": losses, "seconds": seconds,
-             "head": {name: tensor.detach().clone() for name, tensor in _trainable(head).items()},
+             # not copied: torch.save writes them before the next update (Medusa's heads for SmolLM2 are 453 MB)
+             "head": {name: tensor.detach() for name, tensor in _trainable(head).items()},
              "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
 
     def write(partial: Path) -> None:

@@ -1,5 +1,5 @@
 """Training Medusa-1 heads (kind ``medusa``) for any target, the hooks the head trainer calls (see
-``specbench.training.eagle`` for the data, the ``Batch`` and its index conventions).
+``specbench.training.heads`` for the data, the ``Batch`` and its index conventions).
 
 Medusa-1's recipe (FasterDecoding/Medusa ``medusa/train/train_legacy.py`` @e2a5d20, the heads as Spec-Bench loads
 them, ``model/medusa/medusa_model.py`` @fd2c1cd): the target is frozen and only the heads train; each head's
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.errors import SpecbenchError
+from specbench.training.heads import dense_weight
 
 KINDS = ("medusa",)
 # specbench's defaults of the settings only Medusa has. heads: 4, the heads Spec-Bench drafts with
@@ -34,10 +35,12 @@ PUBLISHED = {"medusa": {
     "schedule": "cosine",
     "warmup_ratio": 0.1,
     "weight_decay": 0.0,
-    "grad_clip": 1.0,  # by the global norm (TrainingArguments.max_grad_norm's default), not by value
+    "grad_clip": 1.0,
+    "grad_clip_by": "norm",  # transformers' Trainer clips the global norm at max_grad_norm, not each value
     "betas": (0.9, 0.999),
     "batch_sequences": 128,  # 8 per device x 4 processes x 4 accumulation steps
     "precision": "bf16",
+    "max_length": 2048,  # tokens per conversation; longer ones are cut
     "data": "ShareGPT_V4.3_unfiltered_cleaned_split.json (ShareGPT conversations, assistant turns trained)",
     "heads": 5,
     "layers": 1,
@@ -50,6 +53,10 @@ SOURCES = {"medusa": {
     "weight_decay": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:12 @e2a5d20",
     "grad_clip": "not set in FasterDecoding/Medusa scripts/train_vicuna_7b.sh @e2a5d20: transformers "
                  "TrainingArguments.max_grad_norm default 1.0",
+    "grad_clip_by": "FasterDecoding/Medusa medusa/train/train_legacy.py:45, 391 @e2a5d20 (a transformers "
+                    "Trainer, whose loop clips with clip_grad_norm_ at max_grad_norm)",
+    "max_length": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:17 @e2a5d20 (--model_max_length); "
+                  "medusa/train/train_legacy.py:125-130",
     "betas": "FasterDecoding/Medusa medusa/train/train_legacy.py:124 @e2a5d20 (optim adamw_torch; "
              "TrainingArguments adam_beta1/adam_beta2 defaults)",
     "batch_sequences": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:1, 6, 8 @e2a5d20",
@@ -59,6 +66,13 @@ SOURCES = {"medusa": {
              "scripts/train_vicuna_7b.sh:19 says 3)",
     "layers": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:20 @e2a5d20",
 }}
+
+# Seconds per 1000 trained tokens on the development machine's 2 CPU cores, for the estimate said before a build
+# (artefacts.trained_head.build_seconds_estimate). An estimate measured with other jobs running: 5-step runs of 4
+# sequences of 275 tokens on SmolLM2-135M, alternated in one process with eagle's steps, whose rate (1.85-4.9 there)
+# scaled back to its own 1.55 gives 5.3-6.7. A medusa step costs about 4 eagle steps: each of the 4 heads runs and
+# trains its own copy of the 49152-row lm_head.
+SECONDS_PER_KILO_TOKEN = {"medusa": 6.0}
 
 
 def _check_kind(kind: str) -> None:
@@ -76,7 +90,6 @@ def new_head(target, kind: str, recipe, sequences):
     """Heads initialised as Medusa does (``heads.medusa_heads.new_medusa_heads``), seeded by the recipe, on the
     host in float32; ``sequences`` are not needed (Medusa's initialisation reads no data)."""
     from specbench.heads.medusa_heads import MedusaConfig, new_medusa_heads
-    from specbench.training.eagle import dense_weight
 
     _check_kind(kind)
     settings = {**METHOD_SETTINGS[kind], **(recipe.method or {})}
