@@ -43,7 +43,8 @@ from specbench.artefacts.model_database import model_db_prompt_set  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.artefacts.target_answers import SHIPPED_ANSWERS_DIR, write_shipped_answers  # noqa: E402
 from specbench.datastores.prompts import HEAD_PROMPTS, MODEL_DB_PROMPTS  # noqa: E402
-from specbench.training.heads import recipe_of, resolve_prompt_set  # noqa: E402
+from specbench.artefacts.target_answers import resolve_prompt_set  # noqa: E402
+from specbench.training.heads import recipe_of  # noqa: E402
 
 LICENSE = ("the greedy answers of SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) to specbench's own prompts "
            "(specbench/data/{file}); model output shipped under the model's Apache-2.0 license")

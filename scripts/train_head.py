@@ -40,7 +40,8 @@ from specbench.config import compose  # noqa: E402
 from specbench.artefacts.trained_head import build_trained_head, trained_head_directory  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.training import methods  # noqa: E402
-from specbench.training.heads import PROMPT_SETS, SCHEDULES, common_names, kind_defaults  # noqa: E402
+from specbench.artefacts.target_answers import PROMPT_SETS  # noqa: E402
+from specbench.training.heads import SCHEDULES, common_names, kind_defaults  # noqa: E402
 
 DEFAULT_KIND = "eagle3"
 HELP = {

@@ -20,7 +20,7 @@ import specbench.artefacts.trained_head as trained_heads
 import specbench.training.eagle as eagle_training
 import specbench.training.heads as training
 from specbench.storage.manifest import read_manifest
-from specbench.artefacts.trained_head import rebuild_command, trained_head, trained_head_directory
+from specbench.artefacts.trained_head import head_key, rebuild_command, trained_head, trained_head_directory
 from specbench.artefacts.trained_head import build_trained_head, staging_directory
 from specbench.training.eagle import new_head, select_draft_vocabulary, unrolled_outputs
 from specbench.training.heads import acceptance, epoch_batches, held_out_indices, make_batch, recipe_of, target_sequences
@@ -644,11 +644,11 @@ def test_the_default_recipe_trains_on_the_head_prompts_and_the_built_in_set_stil
     from specbench.datastores.prompts import HEAD_PROMPTS, MODEL_DB_PROMPTS, read_prompt_file
 
     assert recipe_of("eagle3", {}).prompts == "head"
-    assert training.resolve_prompt_set("head") == read_prompt_file(HEAD_PROMPTS)
-    assert training.resolve_prompt_set("built-in") == read_prompt_file(MODEL_DB_PROMPTS)
-    assert len(training.resolve_prompt_set("built-in")) == 96
-    key = recipe_of("eagle3", {}).key()
-    assert key["prompts_sha256"] == training.prompts_digest("head")  # an edited set names another head
+    assert answers_module.resolve_prompt_set("head") == read_prompt_file(HEAD_PROMPTS)
+    assert answers_module.resolve_prompt_set("built-in") == read_prompt_file(MODEL_DB_PROMPTS)
+    assert len(answers_module.resolve_prompt_set("built-in")) == 96
+    key = head_key(recipe_of("eagle3", {}))
+    assert key["prompts_sha256"] == answers_module.prompts_digest("head")  # an edited set names another head
 
 
 def test_each_shipped_answer_set_is_installed_for_its_own_lookup(tiny, tmp_path, monkeypatch):
@@ -682,7 +682,7 @@ def test_shipped_head_answers_are_the_default_recipes_data():
     if manifest is None:
         pytest.skip("no answers to the head prompts ship yet (scripts/ship_answers.py --prompts head writes them)")
     recipe = recipe_of("eagle3", {})
-    prompts = training.resolve_prompt_set(recipe.prompts)
+    prompts = answers_module.resolve_prompt_set(recipe.prompts)
     assert manifest["max_new_tokens"] == recipe.max_new_tokens
     assert manifest["prompts"]["sha256"] == answers_module.prompts_digest(prompts)
     assert manifest["prompts"]["set"] == "head_prompts.jsonl" and manifest["answers"] == len(prompts)

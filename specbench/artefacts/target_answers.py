@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.artefacts.base import Artefact, PlannedArtefact, prepare_command, relative_size
-from specbench.datastores.prompts import HEAD_PROMPTS, MODEL_DB_PROMPTS, model_db_prompts
+from specbench.datastores.prompts import HEAD_PROMPTS, MODEL_DB_PROMPTS, PACKAGE_DATA, model_db_prompts
 from specbench.errors import SpecbenchError, damage_reason
 from specbench.storage.atomic import append_whole
 from specbench.storage.cache import cached_path, settings_key
@@ -49,6 +49,35 @@ SHIPPED_KIND = "shipped target answers"
 # 37 s on 2 cores (docs/usage.md): 1057 s / (96 x 1024) per answer-token slot. A batch decodes until its longest
 # answer ends, so slots, not the tokens finally kept, are what costs; a larger model costs in proportion to its size.
 SECONDS_PER_ANSWER_SLOT = 1057 / (96 * 1024)
+
+
+# Named prompt sets of the package (a trained head's ``prompts`` setting); anything else is a prompt set spec of
+# datastores.prompts.
+PROMPT_SETS = {"head": "head_prompts.jsonl", "built-in": "model_db_prompts.jsonl"}
+
+
+def prompts_digest(spec: str) -> str | None:
+    """The SHA-256 of a local prompt file's bytes (a named set's or a path's), so an edited set names another head;
+    None for hub and ShareGPT sources (their text is only read when the answers are generated)."""
+    path = prompt_file(spec)
+    if path is None or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def prompt_file(spec: str) -> Path | None:
+    """The local file of a prompt set spec, or None for hub and ShareGPT sources."""
+    if spec in PROMPT_SETS:
+        return PACKAGE_DATA / PROMPT_SETS[spec]
+    if spec.startswith(("hf:", "sharegpt")):
+        return None
+    return Path(spec).expanduser()
+
+
+def resolve_prompt_set(spec: str) -> list[str]:
+    """The prompts of ``Recipe.prompts``."""
+    path = prompt_file(spec)
+    return read_prompts(path if path is not None else spec)
 
 
 def read_prompts(path: str | Path) -> list[str]:

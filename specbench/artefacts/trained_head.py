@@ -15,7 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from specbench.artefacts.base import Artefact
-from specbench.artefacts.target_answers import TargetAnswers, sampled_answers, target_answers
+from specbench.artefacts.target_answers import (
+    TargetAnswers,
+    prompts_digest,
+    resolve_prompt_set,
+    sampled_answers,
+    target_answers,
+)
 from specbench.errors import SpecbenchError
 from specbench.storage.cache import cached_path
 from specbench.storage.manifest import read_manifest, verify_files
@@ -30,7 +36,6 @@ from specbench.training.heads import (
     common_names,
     held_out_indices,
     recipe_of,
-    resolve_prompt_set,
     target_sequences,
     train,
     training_sample,
@@ -43,13 +48,21 @@ FEATURE_SECONDS_PER_SEQUENCE = 60.0 / 160
 TOKENS_PER_SEQUENCE = 300  # prompt + answer, for the estimate only
 
 
+def head_key(recipe: Recipe) -> dict:
+    """What names a head: its recipe (``Recipe.key``) and, where the prompt set is a local file, the SHA-256 of its
+    text, so an edited set names another head."""
+    key = recipe.key()
+    digest = prompts_digest(recipe.prompts)
+    return key if digest is None else {**key, "prompts_sha256": digest}
+
+
 def trained_head_directory(target, kind: str, spec: dict, cache_dir: str | None) -> Path:
     """Where the cache keeps the head of ``kind`` trained for ``target`` with ``spec`` (a drafter's ``trained``
     entry). The key holds the whole recipe with its defaults filled in (``Recipe.key``), so an empty spec and one
     spelling out the defaults are the same head."""
     recipe = recipe_of(kind, spec)
     return cached_path(cache_dir, "heads", f"{target.name}-{kind}",
-                       {"source": target.source, "kind": kind, **recipe.key()})
+                       {"source": target.source, "kind": kind, **head_key(recipe)})
 
 
 def command_value(value) -> str:
@@ -207,7 +220,7 @@ def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: floa
     recipe = recipe_of(kind, spec)
     module = methods.module(kind)
     layers = tuple(module.feature_layers(kind, target.num_layers, recipe))
-    identity = {"target": target.source, "kind": kind, "recipe": recipe.key()}
+    identity = {"target": target.source, "kind": kind, "recipe": head_key(recipe)}
     staging = staging_directory(directory)
     data: dict = {"prompts": 0}
     losses, training_s, features_s, measuring_s = [], 0.0, 0.0, 0.0
@@ -255,7 +268,7 @@ def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: floa
         "kind": f"trained {kind} head",
         "target": {"name": target.name, "source": target.source, "layers": target.num_layers},
         "head_kind": kind,
-        "recipe": recipe.key(),
+        "recipe": head_key(recipe),
         "feature_layers": list(layers),
         "data": data,
         "steps": steps,

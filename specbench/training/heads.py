@@ -46,7 +46,6 @@ Layout beside a head's directory ``D`` (published whole by ``storage.publish.rep
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import math
 import time
@@ -73,8 +72,6 @@ CHECKPOINT_S = 60.0  # at most this much training is lost to a killed build (an 
 EVAL_POSITIONS = 6  # draft positions whose acceptance is measured (a chain this deep)
 SCHEDULES = ("cosine", "linear", "constant")
 CLIP_KINDS = ("value", "norm")
-# Named prompt sets of the package (``Recipe.prompts``); anything else is a prompt set spec of datastores.prompts.
-PROMPT_SETS = {"head": "head_prompts.jsonl", "built-in": "model_db_prompts.jsonl"}
 
 
 @dataclass(frozen=True)
@@ -107,11 +104,9 @@ class Recipe:
 
     def key(self) -> dict:
         """What names a head built with this recipe: every setting (defaults included, so a changed default builds
-        a new head), the prompt set's text where it is a local file, and the training code's version."""
+        a new head) and the training code's version. The prompt set's text is the artefact's to add
+        (``artefacts.trained_head.head_key``): the trainer is given its data, it does not read it."""
         settings = {name: _plain(getattr(self, name)) for name in common_names()}
-        digest = prompts_digest(self.prompts)
-        if digest is not None:
-            settings["prompts_sha256"] = digest
         return {"recipe_version": RECIPE_VERSION, **settings,
                 **{name: _plain(value) for name, value in self.method.items()}}
 
@@ -139,34 +134,6 @@ def _plain(value):
 def common_names() -> list[str]:
     """The common settings' names, in Recipe's order."""
     return [item.name for item in fields(Recipe) if item.name not in ("kind", "method")]
-
-
-def prompts_digest(spec: str) -> str | None:
-    """The SHA-256 of a local prompt file's bytes (a named set's or a path's), so an edited set names another head;
-    None for hub and ShareGPT sources (their text is only read when the answers are generated)."""
-    path = prompt_file(spec)
-    if path is None or not path.is_file():
-        return None
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def prompt_file(spec: str) -> Path | None:
-    """The local file of a prompt set spec, or None for hub and ShareGPT sources."""
-    from specbench.datastores.prompts import PACKAGE_DATA
-
-    if spec in PROMPT_SETS:
-        return PACKAGE_DATA / PROMPT_SETS[spec]
-    if spec.startswith(("hf:", "sharegpt")):
-        return None
-    return Path(spec).expanduser()
-
-
-def resolve_prompt_set(spec: str) -> list[str]:
-    """The prompts of ``Recipe.prompts``."""
-    from specbench.artefacts.target_answers import read_prompts
-
-    path = prompt_file(spec)
-    return read_prompts(path if path is not None else spec)
 
 
 def kind_defaults(kind: str) -> dict:
@@ -256,7 +223,7 @@ def _checked(kind: str, name: str, value):
         return tuple(float(beta) for beta in value)
     if name == "prompts":
         if not isinstance(value, str) or not value:
-            raise SpecbenchError(f"{kind} training prompts must be a prompt set: {', '.join(PROMPT_SETS)}, "
+            raise SpecbenchError(f"{kind} training prompts must be a prompt set: head, built-in, "
                                  f"sharegpt[:FILE], hf:owner/name or a file; got {value!r}")
         return value
     raise AssertionError(f"setting {name} has no check")  # a new Recipe field needs one
