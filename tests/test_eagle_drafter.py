@@ -207,5 +207,5 @@ def test_bad_settings_and_unknown_targets_are_one_line_errors(tiny):
         Eagle(tree="beam")
     with pytest.raises(SpecbenchError, match="total_tokens=200 must be between 2 and 111"):
         Eagle(tree="dynamic", total_tokens=200, depth=1, top_k=10)
-    with pytest.raises(SpecbenchError, match="knows no eagle3 head for model tiny-random.*train_head.py"):
+    with pytest.raises(SpecbenchError, match="knows no eagle3 head for model tiny-random.*train_head.py --model tiny-random --kind eagle3"):
         Eagle(kind="eagle3", tree="dynamic", heads_by_model={"vicuna-13b": {"hub_id": "x"}}).prepare(tiny)

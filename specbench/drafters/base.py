@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
@@ -88,3 +89,75 @@ def chosen_or_listed(chosen: dict, listed: dict, key: str) -> dict | None:
         return chosen
     return listed.get(key) or None
 
+
+
+class HeadSource:
+    """Where a head-drafting drafter (EAGLE's, Medusa's, Hydra's) gets its head: the drafter's own ``head`` setting
+    when it names one ({hub_id|path, revision}), else ``heads_by_model[target.name]``: a published head ({hub_id} or
+    {path}), or one trained for the target ({trained: {...}}: built in the cache on first use by
+    ``artefacts.trained_head``, or, with a {path} beside it, read from there as the user's own).
+
+    drafter: the drafter's name (in messages and the prepare command); kind: the head kind the trainer builds
+    (eagle, eagle3, medusa, hydra); what: how messages name the head ("eagle3 head", "Medusa heads")."""
+
+    def __init__(self, drafter: str, kind: str, what: str, chosen: dict, listed: dict, cache_dir: str | None):
+        self.drafter, self.kind, self.what = drafter, kind, what
+        self.chosen, self.listed, self.cache_dir = chosen, listed, cache_dir
+
+    def spec(self, target) -> dict:
+        """The head entry for ``target``, or a one-line SpecbenchError naming the models it knows and the fixes."""
+        spec = chosen_or_listed(self.chosen, self.listed, target.name)
+        if spec is None:
+            known = ", ".join(sorted(self.listed)) or "none"
+            raise SpecbenchError(
+                f"drafter={self.drafter} knows no {self.what} for model {target.name} (it knows {known}); pass "
+                f"drafter.head.hub_id=... or drafter.head.path=..., or list {target.name}: {{trained: {{}}}} in "
+                f"drafter.heads_by_model to train one (python scripts/train_head.py --model {target.name} --kind "
+                f"{self.kind} builds it ahead)")
+        return spec
+
+    def cached(self, target) -> dict:
+        """{"head": the TrainedHead artefact} when the head is trained in the cache; {} for a published head (downloaded
+        or read, not built) and for a trained head at the user's own path."""
+        from specbench.artefacts.base import prepare_command
+        from specbench.artefacts.trained_head import TrainedHead, trained_head_directory
+
+        spec = self.spec(target)
+        if "trained" not in spec or spec.get("path"):
+            return {}
+        settings = dict(spec["trained"] or {})
+        directory = trained_head_directory(target, self.kind, settings, self.cache_dir)
+        return {"head": TrainedHead(target, directory, self.kind, settings,
+                                    command=prepare_command(target.name, self.drafter))}
+
+    def load(self, target, read_published):
+        """(the head, what the run records of its source, where another engine reads it from). A published head is
+        read by ``read_published(source, revision)``, source a local directory or a hub id."""
+        spec = self.spec(target)
+        if "trained" in spec:
+            from specbench.artefacts.base import fetch
+            from specbench.artefacts.trained_head import TrainedHead
+
+            settings = dict(spec["trained"] or {})
+            if spec.get("path"):
+                directory = Path(spec["path"]).expanduser()
+                head = TrainedHead(target, directory, self.kind, settings, given=True).get()
+            else:
+                cached = self.cached(target)
+                directory = cached["head"].directory
+                head = fetch(cached)["head"]
+            return head, {"trained": settings, "directory": str(directory)}, str(directory)
+        source = spec.get("path") or spec.get("hub_id")
+        local = str(Path(source).expanduser()) if spec.get("path") else source
+        head = read_published(local, spec.get("revision"))
+        return head, {"source": source, "revision": spec.get("revision")}, head_checkpoint(spec)
+
+
+def head_checkpoint(spec: dict) -> str:
+    """Where another engine (vLLM) reads a published head from: its local directory, else its hub snapshot in
+    the local cache, else its hub id."""
+    from specbench import hub_cache
+
+    if spec.get("path"):
+        return str(Path(spec["path"]).expanduser())
+    return str(hub_cache.cached_snapshot(spec["hub_id"], spec.get("revision")) or spec["hub_id"])

@@ -24,14 +24,13 @@ the difference is named in docs/fidelity.md.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.tree import TreeTemplate
-from specbench.drafters.base import chosen_or_listed, require_choice, require_non_negative, require_positive
+from specbench.drafters.base import HeadSource, require_choice, require_non_negative, require_positive
 from specbench.drafters.draft_model import plain
 from specbench.errors import SpecbenchError
 
@@ -183,63 +182,22 @@ class Eagle(Drafter):
         self.heads_by_model = plain(heads_by_model) or {}
         self.feature_layers = None if feature_layers is None else tuple(int(layer) for layer in plain(feature_layers))
         self.cache_dir = cache_dir
+        self.source = HeadSource(name, kind, f"{kind} head", self.head_spec, self.heads_by_model, cache_dir)
         self.head = None
         self.head_checkpoint: str | None = None  # the head's directory or hub id, once prepared
         self._sources: dict = {}
 
     # ---- loading ------------------------------------------------------------------------------------
 
-    def _spec_for(self, target) -> dict:
-        spec = chosen_or_listed(self.head_spec, self.heads_by_model, target.name)
-        if spec is None:
-            known = ", ".join(sorted(self.heads_by_model)) or "none"
-            raise SpecbenchError(
-                f"drafter={self.name} knows no {self.kind} head for model {target.name} (it knows {known}); pass "
-                f"drafter.head.hub_id=... or drafter.head.path=..., or train one: python scripts/train_head.py "
-                f"--model {target.name} --kind {self.kind}")
-        return spec
-
-    def _cached(self, target) -> dict:
-        """The head trained in the cache, when the drafter trains one; a published head is downloaded or read, not
-        built, and a head at the user's own path is the user's."""
-        from specbench.artefacts.base import prepare_command
-        from specbench.artefacts.trained_head import TrainedHead, trained_head_directory
-
-        spec = self._spec_for(target)
-        if "trained" not in spec or spec.get("path"):
-            return {}
-        settings = dict(spec["trained"] or {})
-        directory = trained_head_directory(target, self.kind, settings, self.cache_dir)
-        return {"head": TrainedHead(target, directory, self.kind, settings,
-                                    command=prepare_command(target.name, self.name))}
-
     def artefacts(self, target) -> list:
-        return list(self._cached(target).values())
+        return list(self.source.cached(target).values())
 
     def prepare(self, target, sampling=None) -> None:
         from specbench.heads.eagle_head_files import load_eagle_head
 
-        spec = self._spec_for(target)
-        if "trained" in spec:
-            from specbench.artefacts.base import fetch
-            from specbench.artefacts.trained_head import TrainedHead
-
-            settings = dict(spec["trained"] or {})
-            if spec.get("path"):
-                directory = Path(spec["path"]).expanduser()
-                self.head = TrainedHead(target, directory, self.kind, settings, given=True).get()
-            else:
-                cached = self._cached(target)
-                directory = cached["head"].directory
-                self.head = fetch(cached)["head"]
-            self._sources = {"head": {"trained": settings, "directory": str(directory)}}
-            self.head_checkpoint = str(directory)
-        else:
-            source = spec.get("path") or spec.get("hub_id")
-            self.head = load_eagle_head(target, str(Path(source).expanduser()) if spec.get("path") else source,
-                                        self.kind, revision=spec.get("revision"), feature_layers=self.feature_layers)
-            self._sources = {"head": {"source": source, "revision": spec.get("revision")}}
-            self.head_checkpoint = head_checkpoint(spec)
+        self.head, self._sources["head"], self.head_checkpoint = self.source.load(
+            target, lambda source, revision: load_eagle_head(target, source, self.kind, revision=revision,
+                                                             feature_layers=self.feature_layers))
         if self.head.config.kind != self.kind:
             raise SpecbenchError(f"drafter={self.name} drafts with an {self.kind} head; the head it got is an "
                                  f"{self.head.config.kind} head")
@@ -364,12 +322,3 @@ class Eagle(Drafter):
         kept, parents = select_dynamic_tree(torch.cat(all_scores), torch.cat(all_parents), self.total_tokens - 1)
         return torch.cat(all_ids)[kept], parents
 
-
-def head_checkpoint(spec: dict) -> str:
-    """Where another engine (vLLM) reads a published head from: its local directory, else its hub snapshot in
-    the local cache, else its hub id."""
-    from specbench import hub_cache
-
-    if spec.get("path"):
-        return str(Path(spec["path"]).expanduser())
-    return str(hub_cache.cached_snapshot(spec["hub_id"], spec.get("revision")) or spec["hub_id"])

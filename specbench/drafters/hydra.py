@@ -18,30 +18,22 @@ sample the target's distribution; it is lossy, so it is documented (docs/fidelit
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
-from specbench.drafters.base import chosen_or_listed, require_choice
+from specbench.drafters.base import HeadSource, require_choice
 from specbench.drafters.draft_model import plain
-from specbench.drafters.eagle import StaticTreePlan, head_checkpoint
+from specbench.drafters.eagle import StaticTreePlan
+from specbench.drafters.medusa import CHOICE_TREES
 from specbench.errors import SpecbenchError
 
 KIND = "hydra"
 # Hydra's trees as paths of sibling ranks (Spec-Bench model/hydra/hydra_choices.py:1 @fd2c1cd, the list
-# inference_hydra.py's --hydra-choices default names).
-TREES: dict[str, list[tuple[int, ...]]] = {
-    "mc_sim_7b_63": [
-        (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5),
-        (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,),
-        (9,), (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0),
-        (0, 1, 1), (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0),
-        (1, 4), (7, 0), (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1),
-        (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
-    ],
-}
+# inference_hydra.py's --hydra-choices default names): the same 63 paths as Medusa's tree of that name
+# (model/medusa/medusa_choices.py:1); tests/test_hydra_drafter.py re-states them.
+TREES: dict[str, list[tuple[int, ...]]] = {"mc_sim_7b_63": CHOICE_TREES["mc_sim_7b_63"]}
 
 
 class Hydra(Drafter):
@@ -66,63 +58,21 @@ class Hydra(Drafter):
         self.head_spec = plain(head) or {}
         self.heads_by_model = plain(heads_by_model) or {}
         self.cache_dir = cache_dir
+        self.source = HeadSource(name, KIND, "Hydra head", self.head_spec, self.heads_by_model, cache_dir)
         self.head = None
         self.head_checkpoint: str | None = None
         self._sources: dict = {}
 
     # ---- loading ------------------------------------------------------------------------------------
 
-    def _spec_for(self, target) -> dict:
-        spec = chosen_or_listed(self.head_spec, self.heads_by_model, target.name)
-        if spec is None:
-            known = ", ".join(sorted(self.heads_by_model)) or "none"
-            raise SpecbenchError(
-                f"drafter={self.name} knows no Hydra head for model {target.name} (it knows {known}); pass "
-                f"drafter.head.hub_id=... or drafter.head.path=..., or add {{trained: {{}}}} for it to "
-                f"drafter.heads_by_model")
-        return spec
-
-    def _cached(self, target) -> dict:
-        """The head trained in the cache, when the drafter trains one; a published head is downloaded or read, not
-        built, and a head at the user's own path is the user's."""
-        from specbench.artefacts.base import prepare_command
-        from specbench.artefacts.trained_head import TrainedHead, trained_head_directory
-
-        spec = self._spec_for(target)
-        if "trained" not in spec or spec.get("path"):
-            return {}
-        settings = dict(spec["trained"] or {})
-        directory = trained_head_directory(target, KIND, settings, self.cache_dir)
-        return {"head": TrainedHead(target, directory, KIND, settings,
-                                    command=prepare_command(target.name, self.name))}
-
     def artefacts(self, target) -> list:
-        return list(self._cached(target).values())
+        return list(self.source.cached(target).values())
 
     def prepare(self, target, sampling=None) -> None:
         from specbench.heads.hydra_heads import load_hydra_head
 
-        spec = self._spec_for(target)
-        if "trained" in spec:
-            from specbench.artefacts.base import fetch
-            from specbench.artefacts.trained_head import TrainedHead
-
-            settings = dict(spec["trained"] or {})
-            if spec.get("path"):
-                directory = Path(spec["path"]).expanduser()
-                self.head = TrainedHead(target, directory, KIND, settings, given=True).get()
-            else:
-                cached = self._cached(target)
-                directory = cached["head"].directory
-                self.head = fetch(cached)["head"]
-            self._sources = {"head": {"trained": settings, "directory": str(directory)}}
-            self.head_checkpoint = str(directory)
-        else:
-            source = spec.get("path") or spec.get("hub_id")
-            self.head = load_hydra_head(target, str(Path(source).expanduser()) if spec.get("path") else source,
-                                        revision=spec.get("revision"))
-            self._sources = {"head": {"source": source, "revision": spec.get("revision")}}
-            self.head_checkpoint = head_checkpoint(spec)
+        self.head, self._sources["head"], self.head_checkpoint = self.source.load(
+            target, lambda source, revision: load_hydra_head(target, source, revision=revision))
         heads = self.head.config.num_heads
         if heads < self.depth:
             raise SpecbenchError(f"drafter={self.name}: tree {self.tree_name} is {self.depth} deep, but the head has "

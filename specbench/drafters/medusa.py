@@ -15,14 +15,13 @@ name (docs/fidelity.md).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.tree import TreeTemplate
-from specbench.drafters.base import chosen_or_listed, require_choice, require_positive
+from specbench.drafters.base import HeadSource, require_choice, require_positive
 from specbench.drafters.draft_model import plain
 from specbench.errors import SpecbenchError
 
@@ -96,67 +95,27 @@ class Medusa(Drafter):
         self.head_spec = plain(head) or {}
         self.heads_by_model = plain(heads_by_model) or {}
         self.cache_dir = cache_dir
+        self.source = HeadSource(name, self.kind, "Medusa heads", self.head_spec, self.heads_by_model, cache_dir)
         self.head = None
         self.head_checkpoint: str | None = None
         self._sources: dict = {}
 
     # ---- loading ------------------------------------------------------------------------------------
 
-    def _spec_for(self, target) -> dict:
-        spec = chosen_or_listed(self.head_spec, self.heads_by_model, target.name)
-        if spec is None:
-            known = ", ".join(sorted(self.heads_by_model)) or "none"
-            raise SpecbenchError(
-                f"drafter={self.name} knows no Medusa heads for model {target.name} (it knows {known}); pass "
-                f"drafter.head.hub_id=... or drafter.head.path=..., or list {target.name}: {{trained: {{}}}} in "
-                f"drafter.heads_by_model to train them")
-        return spec
-
-    def _cached(self, target) -> dict:
-        """The heads trained in the cache, when the drafter trains them; published heads are downloaded or read, not
-        built, and heads at the user's own path are the user's."""
-        from specbench.artefacts.base import prepare_command
-        from specbench.artefacts.trained_head import TrainedHead, trained_head_directory
-
-        spec = self._spec_for(target)
-        if "trained" not in spec or spec.get("path"):
-            return {}
-        settings = dict(spec["trained"] or {})
-        directory = trained_head_directory(target, self.kind, settings, self.cache_dir)
-        return {"head": TrainedHead(target, directory, self.kind, settings,
-                                    command=prepare_command(target.name, self.name))}
-
     def artefacts(self, target) -> list:
-        return list(self._cached(target).values())
+        return list(self.source.cached(target).values())
 
     def prepare(self, target, sampling=None) -> None:
         from specbench.heads.medusa_heads import load_medusa_heads
 
-        spec = self._spec_for(target)
-        if "trained" in spec:
-            from specbench.artefacts.base import fetch
-            from specbench.artefacts.trained_head import TrainedHead
-
-            settings = dict(spec["trained"] or {})
-            if spec.get("path"):
-                directory = Path(spec["path"]).expanduser()
-                heads = TrainedHead(target, directory, self.kind, settings, given=True).get()
-            else:
-                cached = self._cached(target)
-                directory = cached["head"].directory
-                heads = fetch(cached)["head"]
-            self._sources = {"head": {"trained": settings, "directory": str(directory)}}
-            self.head_checkpoint = str(directory)
+        heads, self._sources["head"], self.head_checkpoint = self.source.load(
+            target, lambda source, revision: load_medusa_heads(target, source, revision=revision,
+                                                               num_heads=self.num_heads))
+        if "trained" in self._sources["head"]:  # a published checkpoint is cut to num_heads by its loader
             if heads.config.num_heads < self.num_heads:
                 raise SpecbenchError(f"drafter={self.name} reads {self.num_heads} Medusa heads; the trained ones in "
-                                     f"{directory} are {heads.config.num_heads}")
+                                     f"{self.head_checkpoint} are {heads.config.num_heads}")
             heads = heads.truncated(self.num_heads)
-        else:
-            source = spec.get("path") or spec.get("hub_id")
-            local = str(Path(source).expanduser()) if spec.get("path") else source
-            heads = load_medusa_heads(target, local, revision=spec.get("revision"), num_heads=self.num_heads)
-            self._sources = {"head": {"source": source, "revision": spec.get("revision")}}
-            self.head_checkpoint = local
         self._sources["head"]["heads"] = self.num_heads
         self._install(heads, target.num_layers, target.device)
 
