@@ -62,3 +62,23 @@ def test_an_append_cut_short_by_a_refusal_is_cut_back_to_whole_records(tmp_path,
         append_whole(path, b'{"b": 2}\n', sync=True)
     monkeypatch.undo()
     assert path.read_bytes() == b'{"a": 1}\n'
+
+
+def test_a_file_written_0600_gets_the_mode_an_ordinary_open_gives(tmp_path):
+    """safetensors writes its files 0600: a head in a shared cache would be unreadable to the cluster's other users."""
+    import stat
+
+    from specbench.storage.atomic import process_umask
+
+    def secretive(path):
+        path.write_bytes(b"weights")
+        os.chmod(path, 0o600)
+
+    write_atomically(tmp_path / "model.safetensors", secretive)
+    mode = stat.S_IMODE((tmp_path / "model.safetensors").stat().st_mode)
+    assert mode == 0o666 & ~process_umask()
+    old = os.umask(0o027)
+    try:
+        assert process_umask() == 0o027
+    finally:
+        os.umask(old)

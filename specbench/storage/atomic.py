@@ -26,14 +26,28 @@ def staging_file(path: Path) -> Path:
     return path.with_name(f".{path.name}.{unique_suffix()}.partial")
 
 
+def process_umask() -> int:
+    """This process's umask, read without changing it (os.umask can only be read by setting it, which would race with
+    other threads creating files): Linux's /proc/self/status, else the common 022."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
 def write_atomically(path: str | Path, write: Callable[[Path], object]) -> None:
-    """``write(staging)`` then rename the staging file over ``path``. On any failure (an interrupt too) the staging
+    """``write(staging)`` then rename the staging file over ``path``, with the mode an ordinary open() gives (0666 less
+    the umask): safetensors writes its files 0600, which would hide a shared cache's heads from the cluster's other
+    users. On any failure (an interrupt too) the staging
     file is removed; a filesystem that refuses (a full disk, a read-only mount, a quota), wherever the library
     that wrote reports it (torch's and safetensors' own errors), is one line naming ``path``."""
     path = Path(path)
     staging = staging_file(path)
     try:
         write(staging)
+        if staging.is_file():
+            os.chmod(staging, 0o666 & ~process_umask())
         os.replace(staging, path)
     except BaseException as error:
         with contextlib.suppress(OSError):
