@@ -202,7 +202,7 @@ def test_the_scripts_defaults_build_the_head_the_drafter_looks_up(drafter, kind)
     assert args.model == cfg.model.name == "smollm2-135m" and args.out is None
     # The key reads only the target's name and source (no model needs loading to compare two keys).
     target = SimpleNamespace(name=args.model, source="the same weights")
-    looked_up = instance._spec_for(target)["trained"]
+    looked_up = instance.source.spec(target)["trained"]
     assert (trained_head_directory(target, args.kind, script.spec_of(args), None)
             == trained_head_directory(target, kind, looked_up, instance.cache_dir))
     if drafter == "eagle3":
