@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from specbench.reporting import reporting_user_errors  # noqa: E402  # standard library only
+from specbench.storage.atomic import write_atomically  # noqa: E402
 
 OUT = ROOT / "specbench" / "data" / "head_prompts.jsonl"
 SEED = 20261202
@@ -469,7 +470,8 @@ def main(argv=None) -> int:
         same = OUT.is_file() and OUT.read_text(encoding="utf-8") == text(rows)
         print(f"make_head_prompts: {OUT.relative_to(ROOT)} is {'' if same else 'not '}this script's output")
         return 0 if same else 1
-    OUT.write_text(text(rows), encoding="utf-8")
+    written = text(rows)
+    write_atomically(OUT, lambda temporary: temporary.write_text(written, encoding="utf-8"))
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["category"]] = counts.get(row["category"], 0) + 1

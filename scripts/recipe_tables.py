@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from specbench.reporting import reporting_user_errors  # noqa: E402  # standard library only
+from specbench.storage.atomic import write_atomically  # noqa: E402
 
 HEADING = "## Trained heads: specbench's recipe against each method's"
 INTRO = """\
@@ -116,7 +117,8 @@ def main(argv=None) -> int:
         sys.stdout.write(section())
         return 0
     docs = ROOT / "docs" / "fidelity.md"
-    docs.write_text(with_section(docs.read_text(encoding="utf-8"), section()), encoding="utf-8")
+    text = with_section(docs.read_text(encoding="utf-8"), section())
+    write_atomically(docs, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     print(f"recipe_tables: wrote the recipe tables into {docs.relative_to(ROOT)}")
     return 0
 

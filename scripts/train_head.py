@@ -11,8 +11,8 @@ Without --out the head goes where the drafter looks for the same settings (the s
 whose heads_by_model entry is ``{trained: {SETTINGS}}`` finds it built; the settings not given take the kind's
 defaults (specbench.training.heads.recipe_of: the method's published recipe with specbench's differences, listed in
 docs/fidelity.md), which are those of the drafters' entries for smollm2-135m: ``--kind eagle3`` alone builds the head
-drafter=eagle3 uses, ``--kind eagle`` alone the one of drafter=eagle and eagle2, ``--kind hydra`` alone
-drafter=hydra's. Use another directory with drafter.head.path=DIR. An interrupted training resumes from its
+drafter=eagle3 uses, ``--kind eagle`` alone the one of drafter=eagle and eagle2, ``--kind medusa`` alone
+drafter=medusa's, ``--kind hydra`` alone drafter=hydra's. Use another directory with drafter.head.path=DIR. An interrupted training resumes from its
 checkpoint when the same command runs again.
 """
 

@@ -1,6 +1,6 @@
 """``python -m specbench.prepare``: build, ahead of time, every cached artefact the runs of a model look up on
 first use (model databases and the target answers they are counted from, statistics datastores, suffix automata,
-pruned drafts, trained EAGLE and Hydra heads), so that the first ``python -m specbench drafter=...`` starts at
+pruned drafts, trained EAGLE, Medusa and Hydra heads), so that the first ``python -m specbench drafter=...`` starts at
 once.
 
     python -m specbench.prepare                               # the embedded model, every drafter that needs one

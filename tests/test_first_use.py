@@ -24,7 +24,7 @@ from specbench.artefacts.target_answers import (
     SECONDS_PER_ANSWER_SLOT,
     answers_settings,
     planned_answers,
-    prompts_digest,
+    prompt_texts_digest,
     resolve_prompts,
     shipped_manifest,
     shipped_rows,
@@ -206,7 +206,7 @@ def test_the_shipped_answers_are_those_hd_looks_up_for_the_embedded_model():
     assert provenance["prompts_overlapping_questions"] == 0 and prompts == resolve_prompts(None)
     settings = {"source": f"{model.pip_name}:{model.gguf_file}", "prompts": prompts,
                 "max_new_tokens": hd.model_db_build.max_new_tokens}
-    assert manifest["key"] == settings_key(settings) and manifest["prompts"]["sha256"] == prompts_digest(prompts)
+    assert manifest["key"] == settings_key(settings) and manifest["prompts"]["sha256"] == prompt_texts_digest(prompts)
     rows = shipped_rows(manifest)
     assert len(rows.splitlines()) == 96 == manifest["answers"]
     assert (answers_module.SHIPPED_ANSWERS_DIR / manifest["file"]).stat().st_size < 1_000_000

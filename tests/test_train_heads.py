@@ -6,6 +6,8 @@ draft vocabulary is the most frequent tokens, and training lowers the loss."""
 
 from __future__ import annotations
 
+import hashlib
+
 import importlib.util
 import logging
 import os
@@ -648,7 +650,17 @@ def test_the_default_recipe_trains_on_the_head_prompts_and_the_built_in_set_stil
     assert answers_module.resolve_prompt_set("built-in") == read_prompt_file(MODEL_DB_PROMPTS)
     assert len(answers_module.resolve_prompt_set("built-in")) == 96
     key = head_key(recipe_of("eagle3", {}))
-    assert key["prompts_sha256"] == answers_module.prompts_digest("head")  # an edited set names another head
+    assert key["prompts_sha256"] == hashlib.sha256(HEAD_PROMPTS.read_bytes()).hexdigest()
+
+
+def test_an_edited_prompt_file_names_another_head(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Name a colour."}\n')
+    before = head_key(recipe_of("eagle3", {"prompts": str(prompts)}))
+    prompts.write_text('{"prompt": "Name a fruit."}\n')
+    after = head_key(recipe_of("eagle3", {"prompts": str(prompts)}))
+    assert before["prompts_sha256"] != after["prompts_sha256"]
+    assert "prompts_sha256" not in head_key(recipe_of("eagle3", {"prompts": "hf:owner/name"}))
 
 
 def test_each_shipped_answer_set_is_installed_for_its_own_lookup(tiny, tmp_path, monkeypatch):
@@ -684,8 +696,21 @@ def test_shipped_head_answers_are_the_default_recipes_data():
     recipe = recipe_of("eagle3", {})
     prompts = answers_module.resolve_prompt_set(recipe.prompts)
     assert manifest["max_new_tokens"] == recipe.max_new_tokens
-    assert manifest["prompts"]["sha256"] == answers_module.prompts_digest(prompts)
+    assert manifest["prompts"]["sha256"] == answers_module.prompt_texts_digest(prompts)
     assert manifest["prompts"]["set"] == "head_prompts.jsonl" and manifest["answers"] == len(prompts)
     settings = {"source": manifest["model"]["source"], "prompts": prompts, "max_new_tokens": recipe.max_new_tokens}
     assert manifest["key"] == settings_key(settings)
     answers_module.shipped_rows(manifest)  # whole, and its checksum holds
+
+
+def test_a_checkpoint_of_other_parameters_starts_the_training_over(tmp_path, caplog):
+    """Same identity, other parameter names (a code change that kept RECIPE_VERSION): start over with a line,
+    not a KeyError from deep in the resume."""
+    from specbench.training import heads
+
+    identity = {"target": "t", "kind": "eagle", "recipe": {"lr": 1}}
+    torch.save({"identity": identity, "head": {"fc.weight": torch.zeros(2)}}, tmp_path / heads.CHECKPOINT)
+    assert heads._load_checkpoint(tmp_path, identity, {"fc.weight"})["head"].keys() == {"fc.weight"}
+    with caplog.at_level(logging.WARNING):
+        assert heads._load_checkpoint(tmp_path, identity, {"fc.weight", "fc.bias"}) is None
+    assert "holds other parameters than this head's; training starts over" in caplog.text

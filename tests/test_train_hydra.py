@@ -194,3 +194,28 @@ def test_hydra_settings_out_of_range_are_one_line():
     assert refusal(recipe_of, "hydra", {"num_heads": 0}) == "hydra training num_heads must be an integer >= 1, got 0"
     assert refusal(recipe_of, "hydra", {"dropout_rate": 1}) == (
         "hydra training dropout_rate must be a number in [0, 1), got 1")
+    assert refusal(recipe_of, "hydra", {"lm_loss_weight": 0.0, "teacher_loss_weight": 0.0}) == (
+        "hydra training lm_loss_weight and teacher_loss_weight are both 0, which trains nothing; give one a positive "
+        "weight (the published recipe: teacher_loss_weight 1)")
+
+
+def test_acceptance_is_measured_at_the_heads_positions_alone():
+    """One chain token per head: a position no head drafts is not reported as a rejection."""
+    from specbench.training import heads
+    from specbench.training.heads import recipe_of
+
+    assert heads.chain_positions(hooks, "hydra", recipe_of("hydra", {})) == 4
+    assert heads.chain_positions(hooks, "hydra", recipe_of("hydra", {"num_heads": 9})) == heads.EVAL_POSITIONS
+
+
+def test_a_new_head_reads_a_host_float32_copy_of_a_bfloat16_targets_embedding():
+    """The trainer's token ids and features are float32 on the host: the embedding the head reads must be too,
+    whatever the target's dtype and device (a target on a GPU is the case this stands for)."""
+    from specbench.testing import tiny_random
+
+    target = tiny_random(dtype="bfloat16")
+    head = hooks.new_head(target, "hydra", recipe(num_layers=1), None)
+    assert head.target_embedding.dtype == torch.float32 and head.target_embedding.device.type == "cpu"
+    source = target.weights.input_embeddings()
+    assert head.target_embedding.data_ptr() != source.data_ptr()
+    assert torch.equal(head.target_embedding, source.detach().float())

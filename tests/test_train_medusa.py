@@ -197,8 +197,8 @@ def test_a_built_medusa_head_is_published_in_medusas_format_alone_and_loads_back
     assert manifest["kind"] == "trained medusa head" and manifest["steps"] == 3
     assert manifest["recipe"]["heads"] == 4 and manifest["recipe"]["grad_clip_by"] == "norm"
     for measured in ("train_acceptance", "held_out_acceptance"):
-        assert manifest[measured]["drafts"] > 0 and len(manifest[measured]["acceptance"]) == 6
-        assert manifest[measured]["acceptance"][4:] == [0.0, 0.0]  # 4 heads name no 5th or 6th token
+        # one position per head: 4 heads name no 5th or 6th token, which is not reported as a rejection
+        assert manifest[measured]["drafts"] > 0 and len(manifest[measured]["acceptance"]) == 4
     assert sorted(path.name for path in directory.iterdir()) == ["config.json", "manifest.json",
                                                                   "medusa_lm_head.safetensors"]
     assert not trained_heads.staging_directory(directory).exists()

@@ -217,7 +217,8 @@ def target_answers(target, prompts: str | list[str] | None = None, max_new_token
 # ---- answers shipped with the package --------------------------------------------------------------------------
 
 
-def prompts_digest(prompts: list[str]) -> str:
+def prompt_texts_digest(prompts: list[str]) -> str:
+    """The SHA-256 of a list of prompt texts (a shipped answer set's manifest names its prompts by it)."""
     return hashlib.sha256(json.dumps(prompts).encode("utf-8")).hexdigest()
 
 
@@ -270,7 +271,7 @@ def shipped_mismatch(manifest: dict, settings: dict) -> str | None:
     differences = []
     if manifest.get("model", {}).get("source") != settings["source"]:
         differences.append(f"model source {manifest.get('model', {}).get('source')!r}, not {settings['source']!r}")
-    if manifest.get("prompts", {}).get("sha256") != prompts_digest(settings["prompts"]):
+    if manifest.get("prompts", {}).get("sha256") != prompt_texts_digest(settings["prompts"]):
         differences.append(f"{manifest.get('prompts', {}).get('count')} other prompts, not these "
                            f"{len(settings['prompts'])}")
     if manifest.get("max_new_tokens") != settings["max_new_tokens"]:
@@ -348,7 +349,7 @@ def write_shipped_answers(target, prompts: list[str], max_new_tokens: int, out_d
         "model": {"name": target.name, "source": target.source},
         "prompts": {"set": next((path.name for path in (MODEL_DB_PROMPTS, HEAD_PROMPTS)
                                  if path.is_file() and prompts == read_prompts(path)), "given"),
-                    "count": len(prompts), "sha256": prompts_digest(prompts)},
+                    "count": len(prompts), "sha256": prompt_texts_digest(prompts)},
         "max_new_tokens": max_new_tokens,
         "answers": len(pairs),
         "answer_tokens": sum(len(answer) for _, answer in pairs),

@@ -29,10 +29,10 @@ from specbench.storage.publish import replace_directory
 from specbench.training import methods
 from specbench.training.heads import (
     CHECKPOINT_S,
-    EVAL_POSITIONS,
     Labels,
     Recipe,
     acceptance,
+    chain_positions,
     common_names,
     held_out_indices,
     recipe_of,
@@ -256,13 +256,19 @@ def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: floa
         notes = getattr(module, "notes", None)
         if notes is not None:
             data.update(notes(head, kind, training_sequences, measured))
+        if target.device.type != "cpu":
+            # said, not silent: the features above ran on the target's device, the optimisation runs here
+            log.warning("%s: the target ran on %s for the features; the %s head trains on the CPU in float32 "
+                        "(specbench's trainer has no GPU path: docs/fidelity.md, \"Trained heads\")",
+                        target.name, target.device, kind)
         losses, training_s = train(head, labels, training_sequences, kind, recipe, staging, identity,
                                    checkpoint_s=checkpoint_s, on_step=on_step)
         measuring_started = time.perf_counter()
         # as many greedy training answers as held-out ones, measured the same way: the gap is what training fitted
         sample = [training_sequences[i] for i in training_sample(len(greedy_set), len(measured))]
-        trained = acceptance(head, module, labels, sample, kind, EVAL_POSITIONS)
-        held = acceptance(head, module, labels, measured, kind, EVAL_POSITIONS)
+        positions = chain_positions(module, kind, recipe)
+        trained = acceptance(head, module, labels, sample, kind, positions)
+        held = acceptance(head, module, labels, measured, kind, positions)
         measuring_s = time.perf_counter() - measuring_started
     manifest = {
         "kind": f"trained {kind} head",

@@ -279,7 +279,8 @@ def build_head(target, config: HydraHeadConfig, seed: int) -> HydraHead:
     heads are)."""
     generator = torch.Generator().manual_seed(int(seed))
     with torch.device("cpu"):
-        head = HydraHead(config, _whole(target.weights.input_embeddings().detach()))
+        # a host float32 copy, as the trainer's batches are: a target on a GPU or in bfloat16 keeps its own
+        head = HydraHead(config, _whole(target.weights.input_embeddings().detach()).to("cpu", torch.float32))
     std = float(target.weights.architecture.get("initializer_range") or DEFAULT_INITIALIZER_RANGE)
     lm_weight = _whole(_dense(target.weights.output_layer())).to("cpu", torch.float32)
     if tuple(lm_weight.shape) != (config.vocab_size, config.hidden_size):

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.errors import SpecbenchError
-from specbench.training.heads import Batch, Labels, Sequence, make_batch, soft_cross_entropy  # noqa: F401
+from specbench.training.heads import Batch, Labels, Sequence, soft_cross_entropy
 
 KINDS = ("eagle", "eagle3")
 # feature_layers: () = the kind's own (EAGLE-1: the post-norm last state; EAGLE-3: 2, N/2, N-3).

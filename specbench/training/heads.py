@@ -24,7 +24,8 @@ A method's module defines (the contract the trainer calls):
 
 and optionally ``NULLABLE[kind]`` (method settings that may also be null), ``check(kind, settings)`` (ranges the
 types cannot say; raises SpecbenchError), ``batch_depth(kind, recipe)`` (label positions a batch must reach past
-each index; default EVAL_POSITIONS), ``draft_ids(head, kind)`` (the target ids of a reduced draft vocabulary, whose
+each index; default EVAL_POSITIONS), ``chain_length(kind, recipe)`` (the draft positions the method's chain has, when
+fewer than EVAL_POSITIONS: acceptance is measured at those alone), ``draft_ids(head, kind)`` (the target ids of a reduced draft vocabulary, whose
 lm_head rows alone ``Labels`` multiplies), ``notes(head, kind, training, held_out)`` (method-specific counts for the
 manifest's ``data``) and ``SECONDS_PER_KILO_TOKEN[kind]`` (for the estimate said before a build). A method setting
 named ``final_lr_multiplier`` (Hydra's) ends the cosine or linear decay at that fraction of the peak learning rate;
@@ -398,7 +399,6 @@ class Labels:
 
     def __init__(self, target, draft_ids: torch.LongTensor | None):
         weight = dense_weight(target.weights.output_layer()).float().cpu()
-        self.full_weight = weight                                      # [vocab, H]
         self.weight = weight if draft_ids is None else weight[draft_ids]  # [draft vocab, H]
         self.in_draft = None
         if draft_ids is not None:
@@ -425,6 +425,14 @@ def batch_depth(module, kind: str, recipe: Recipe) -> int:
     measured chain's depth)."""
     hook = getattr(module, "batch_depth", None)
     return max(EVAL_POSITIONS, hook(kind, recipe)) if hook is not None else EVAL_POSITIONS
+
+
+def chain_positions(module, kind: str, recipe) -> int:
+    """The draft positions a head's acceptance is measured at: EVAL_POSITIONS, or fewer where the method's chain
+    is shorter (its ``chain_length`` hook: Medusa's and Hydra's one token per head), so no position the head cannot
+    draft is reported as rejected."""
+    chain_length = getattr(module, "chain_length", None)
+    return EVAL_POSITIONS if chain_length is None else min(EVAL_POSITIONS, int(chain_length(kind, recipe)))
 
 
 @torch.no_grad()
@@ -497,9 +505,10 @@ def _save_checkpoint(staging: Path, identity: dict, head, optimizer, schedule, s
     write_atomically(staging / CHECKPOINT, write)
 
 
-def _load_checkpoint(staging: Path, identity: dict) -> dict | None:
+def _load_checkpoint(staging: Path, identity: dict, trainable: set[str] | None = None) -> dict | None:
     """The checkpoint of a training of the same ``identity`` (target, kind, recipe) in ``staging``, or None (none
-    there, another recipe's, or unreadable: then training starts over, with a line saying so)."""
+    there, another recipe's, unreadable, or holding other parameters than ``trainable``, the head's names, as after
+    a code change that kept the recipe version: then training starts over, with a line saying so)."""
     file = staging / CHECKPOINT
     if not file.is_file():
         return None
@@ -510,6 +519,10 @@ def _load_checkpoint(staging: Path, identity: dict) -> dict | None:
         return None
     if not isinstance(state, dict) or state.get("identity") != identity:
         log.warning("%s is the checkpoint of another training; training starts over", file)
+        return None
+    saved = state.get("head")
+    if trainable is not None and (not isinstance(saved, dict) or set(saved) != trainable):
+        log.warning("%s holds other parameters than this head's; training starts over", file)
         return None
     return state
 
@@ -555,7 +568,7 @@ def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Re
     optimizer = torch.optim.AdamW(parameters, lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay)
     schedule = _schedule(optimizer, recipe, total)
     step, losses, seconds = 0, [], 0.0
-    state = _load_checkpoint(staging, identity)
+    state = _load_checkpoint(staging, identity, set(_trainable(head)))
     if state is not None:
         with torch.no_grad():
             for name, tensor in _trainable(head).items():

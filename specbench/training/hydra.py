@@ -93,6 +93,9 @@ def check(kind: str, settings: dict) -> None:
             raise SpecbenchError(f"hydra training {name} must be an integer >= 1, got {settings[name]}")
     if settings["dropout_rate"] >= 1:
         raise SpecbenchError(f"hydra training dropout_rate must be a number in [0, 1), got {settings['dropout_rate']:g}")
+    if settings["lm_loss_weight"] == 0 and settings["teacher_loss_weight"] == 0:
+        raise SpecbenchError("hydra training lm_loss_weight and teacher_loss_weight are both 0, which trains "
+                             "nothing; give one a positive weight (the published recipe: teacher_loss_weight 1)")
     if settings["final_lr_multiplier"] > 1:  # train.py:472 asserts it too
         raise SpecbenchError(f"hydra training final_lr_multiplier must be a number in [0, 1], got "
                              f"{settings['final_lr_multiplier']:g}")
@@ -100,6 +103,12 @@ def check(kind: str, settings: dict) -> None:
 
 def batch_depth(kind: str, recipe) -> int:
     """Head i's label is x_{t+i+2}: a batch must reach num_heads label positions past each index."""
+    _check_kind(kind)
+    return recipe.method["num_heads"]
+
+
+def chain_length(kind: str, recipe) -> int:
+    """One chain token per head."""
     _check_kind(kind)
     return recipe.method["num_heads"]
 
