@@ -52,7 +52,8 @@ from specbench.settings import TUNING_SUFFIXES  # noqa: E402
 
 POSITIONS_SHOWN = 8  # columns of the per-position acceptance table
 TUNINGS = {suffix: f"run.{key}=auto" for key, suffix in TUNING_SUFFIXES}  # "+budget" -> run.draft_budget=auto
-FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains", "recycling", "samd", "suffix", "eagle", "eagle2", "eagle3"]
+FAITHFUL = ["pld", "pld-hd", "lookahead", "rest", "hd", "hd-chains", "recycling", "samd", "suffix", "eagle", "eagle2", "eagle3",
+            "medusa", "hydra"]
 MEASURES = (  # (summary key or column, format, title)
     ("speedup", "{:.2f}x", "speedup over AR (* fastest)"),
     ("mean_accepted_tokens", "{:.2f}", "mean accepted tokens (prefill included, bonus token included)"),
