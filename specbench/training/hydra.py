@@ -73,11 +73,12 @@ SOURCES = {"hydra": {
 }}
 
 # Seconds per 1000 training tokens (4 heads of 4 blocks) on the 2-core CPU of the development machine, for the
-# one-line estimate printed before a build (artefacts.trained_head.build_seconds_estimate): measured on SmolLM2-135M
-# over 5 steps of 4 sequences while two other jobs shared the 2 cores (this one had about a third of them), so a
-# quiet machine should train 2-3 times faster. Each head trains its own copy of the target's 49,152-row lm head,
-# forward and backward, beside the target's distribution at every label position: several times eagle's cost.
-SECONDS_PER_KILO_TOKEN = {"hydra": 52.0}
+# one-line estimate printed before a build (artefacts.trained_head.build_seconds_estimate): the default build for
+# SmolLM2-135M (145 steps of 4 sequences of 249 tokens) ran its last steps alone at 14.7 s a step; its whole
+# training took 3,238 s because test runs shared the cores for about half of it. Each head trains its own copy of
+# the target's 49,152-row lm head, forward and backward, beside the target's distribution at every label
+# position: 2.5 times Medusa's cost, whose heads are one block each.
+SECONDS_PER_KILO_TOKEN = {"hydra": 14.8}
 
 
 def _check_kind(kind: str) -> None:

@@ -68,10 +68,9 @@ SOURCES = {"medusa": {
 }}
 
 # Seconds per 1000 trained tokens on the development machine's 2 CPU cores, for the estimate said before a build
-# (artefacts.trained_head.build_seconds_estimate). An estimate measured with other jobs running: 5-step runs of 4
-# sequences of 275 tokens on SmolLM2-135M, alternated in one process with eagle's steps, whose rate (1.85-4.9 there)
-# scaled back to its own 1.55 gives 5.3-6.7. A medusa step costs about 4 eagle steps: each of the 4 heads runs and
-# trains its own copy of the 49152-row lm_head.
+# (artefacts.trained_head.build_seconds_estimate): the default build for SmolLM2-135M alone, 862 s for 145 steps of
+# 4 sequences of 249 tokens. A medusa step costs about 3 eagle steps: each of the 4 heads runs and trains its own
+# copy of the 49,152-row lm_head.
 SECONDS_PER_KILO_TOKEN = {"medusa": 6.0}
 
 
