@@ -175,12 +175,13 @@ def test_a_tree_step_samples_the_targets_distribution_on_the_embedded_model(embe
     assert sum(exact.values()) > 0.5, sum(exact.values())  # the bins cover most of the mass
     honest = sampled_outcomes(sampled_accepted_path, parents, node_tokens, target_probs, candidates)
     assert chi_squared_p(honest, exact) > SIGNIFICANCE
-    assert any(len(outcome) > 1 for outcome in honest)  # some draws went through accepted drafts
 
     # 3. and the same check catches a biased rule on a step where it would move the first token by a tenth or more
     exposure = bias_exposure((context, parents, node_tokens, target_probs, candidates))
     if make is medusa_drafter:  # its initial heads draft the target's own likely tokens, so such a step comes
         assert exposure >= 0.1, exposure
+    if exposure > 0:  # a root child the target gives >= 0.15: some of the draws went through accepted drafts
+        assert any(len(outcome) > 1 for outcome in honest)
     if exposure >= 0.1:
         biased = sampled_outcomes(biased_rule, parents, node_tokens, target_probs, candidates)
         assert chi_squared_p(biased, exact) < SIGNIFICANCE
