@@ -102,16 +102,16 @@ def check(kind: str, settings: dict) -> None:
                              f"{settings['final_lr_multiplier']:g}")
 
 
-def batch_depth(kind: str, recipe) -> int:
-    """Head i's label is x_{t+i+2}: a batch must reach num_heads label positions past each index."""
-    _check_kind(kind)
-    return recipe.method["num_heads"]
-
-
 def chain_length(kind: str, recipe) -> int:
     """One chain token per head."""
     _check_kind(kind)
     return recipe.method["num_heads"]
+
+
+def batch_depth(kind: str, recipe) -> int:
+    """Head i's label is x_{t+i+2}: a batch must reach num_heads label positions past each index, one per chain
+    token."""
+    return chain_length(kind, recipe)
 
 
 def feature_layers(kind: str, num_layers: int, recipe) -> tuple[int, ...]:

@@ -142,13 +142,13 @@ def loss(head, labels, batch, kind: str, recipe, generator) -> tuple[torch.Tenso
     return total, parts
 
 
-@torch.no_grad()
 def chain_length(kind: str, recipe) -> int:
     """One chain token per head."""
     _check_kind(kind)
     return int({**METHOD_SETTINGS[kind], **(recipe.method or {})}["heads"])
 
 
+@torch.no_grad()
 def chain_tokens(head, labels, batch, kind: str, positions: int) -> torch.LongTensor:
     """The heads' greedy chain after each index t, [B, T, positions]: chain[:, t, k] is head k's argmax at f_t (the
     token k + 1 after x_{t+1}, the target's own next token there); -1 past the heads' count. The heads do not read
