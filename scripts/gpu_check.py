@@ -339,10 +339,109 @@ def big_model_rows(check: Check) -> list[Row]:
             shares.append("recycling verified fewer than 80 tokens")
     status = "FAIL" if any(text.startswith("recycling verified") for text in shares) else "PASS"
     rows.append(Row("3 step shares", status, "; ".join(shares), time.perf_counter() - began))
+
+    began = time.perf_counter()
+    rows.append(Row("3 loop verify vs one pass (want <= 1.5x)", *loop_verify_verdict(check, model),
+                    time.perf_counter() - began))
     del model, target
     if check.cuda:
         torch.cuda.empty_cache()
     return rows
+
+
+LOOP_VERIFY_LIMIT = 1.5  # the loop's verify_s may exceed one pass timed alone by this factor (fences, uploads)
+
+
+class PassTimes:
+    """Inside ``target``'s verify passes while active: how long the host spends queuing the forward pass
+    (``launch_s``, its return on the host) and how long the device runs it (``device_s``, CUDA events around it;
+    None on a CPU, where the pass runs as it is launched). Splits a slow verify into the host's share and the
+    kernels' share."""
+
+    def __init__(self, target, cuda: bool):
+        self.target, self.cuda = target, cuda
+        self.launch_s: list[float] = []
+        self.device_s: list[float] = []
+        self._events: list = []
+
+    def __enter__(self):
+        original = self.target._forward
+
+        def timed(**inputs):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            began = time.perf_counter()
+            output = original(**inputs)
+            self.launch_s.append(time.perf_counter() - began)
+            if self.cuda:
+                end.record()
+                self._events.append((start, end))
+            return output
+
+        self.target._forward = timed
+        return self
+
+    def __exit__(self, *exc):
+        del self.target._forward  # the class's method again
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.device_s = [start.elapsed_time(end) / 1e3 for start, end in self._events]
+        return False
+
+
+def loop_verify_verdict(check: Check, model) -> tuple[str, str]:
+    """The verify_s that the loop records per step against one verify pass of the same size timed alone at the same
+    context (``Decoder.measure_verify_latency``): the loop's figure is what every report divides by, so it must be
+    the pass's cost, not the pass plus something the loop does around it. Greedy AR and PLD over a repeated random
+    prompt; each step's ratio to the lone pass of its size, the median per drafter. The passes inside the loop are
+    split into the host's queuing time and, on a GPU, the device's time (``PassTimes``), which tells a slow host
+    (Python, launches) from slow kernels. Judged on a GPU only (``ratio_verdict``)."""
+    prompt = random_prompt(96, 4) * 3
+    new_tokens = 32 if check.quick else 64
+    medians, found = {}, []
+    for name, drafter in (("ar", no_draft()), ("pld", make_pld())):
+        with PassTimes(model.target, check.cuda) as passes:
+            generation = decoder(model.target).generate(prompt, drafter, new_tokens)
+        steps = generation.steps[1:]
+        context = int(np.median([step.context_len for step in steps]))
+        alone = decoder(model.target).measure_verify_latency(
+            (prompt * 2)[:context], sorted({step.verify_tokens for step in steps}), repeats=2 if check.quick else 5)
+        medians[name] = float(np.median([step.verify_s / alone[step.verify_tokens] for step in steps]))
+        text = (f"{name}: {len(steps)} steps at ~{context} ctx, loop verify "
+                f"{np.median([step.verify_s for step in steps]) * 1e3:.1f} ms vs alone "
+                f"{np.median([alone[step.verify_tokens] for step in steps]) * 1e3:.1f} ms "
+                f"(median ratio {medians[name]:.2f}x), host queues the pass in {np.median(passes.launch_s[1:]) * 1e3:.1f} ms")
+        if passes.device_s:  # [0] is the prefill's
+            text += f", device runs it in {np.median(passes.device_s[1:]) * 1e3:.1f} ms"
+        found.append(text)
+    status = ratio_verdict(medians, judged=check.cuda)
+    if status == "FAIL":
+        print_profile(model, prompt)
+    suffix = "" if check.cuda else " (not judged on a CPU: another job's load moves single passes)"
+    return status, "; ".join(found) + suffix
+
+
+def ratio_verdict(medians: dict[str, float], judged: bool, limit: float = LOOP_VERIFY_LIMIT) -> str:
+    """FAIL when a drafter's median ratio of the loop's verify to the lone pass is over ``limit`` and the row is
+    ``judged`` (on a GPU; a CPU shared with other jobs times single passes too loosely to judge).
+
+    Example: {"ar": 1.1, "pld": 3.1} judged -> FAIL; not judged -> PASS."""
+    return "FAIL" if judged and any(ratio > limit for ratio in medians.values()) else "PASS"
+
+
+def print_profile(model, prompt: list[int], new_tokens: int = 16) -> None:
+    """Where a slow loop's time goes: torch's profiler over a short PLD decode, its busiest operators by host time
+    and by device time, printed above the table (the check's output is what comes back from a GPU machine)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
+        decoder(model.target).generate(prompt, make_pld(), new_tokens)
+    averages = profiled.key_averages()
+    print(f"profile of a {new_tokens}-token PLD decode, by host time:", flush=True)
+    print(averages.table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=48), flush=True)
+    print("by device time:", flush=True)
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=10, max_name_column_width=48), flush=True)
 
 
 def make_pld():

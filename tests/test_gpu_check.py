@@ -32,7 +32,7 @@ def test_gpu_check_passes_on_the_cpu(tmp_path):
     assert {row["status"] for row in rows} <= {"PASS", "SKIP"}, [row for row in rows if row["status"] == "FAIL"]
     names = " ".join(row["name"] for row in rows)
     for row_kind in ("1 lossless float32 pld", "2 bfloat16", "3 verify latency", "3 round trips", "3 step shares",
-                     "4 device_map=cpu", "4 tensor parallel"):
+                     "3 loop verify vs one pass", "4 device_map=cpu", "4 tensor parallel"):
         assert row_kind in names
     skipped = [row for row in rows if row["status"] == "SKIP"]
     assert all(row["name"].startswith(("2 float16", "4 device_map=auto")) for row in skipped), skipped
@@ -171,6 +171,27 @@ def test_the_round_trip_row_counts_synchronisations_inside_torch(monkeypatch):
     steps = gpu_check.count_round_trips(model.target, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(False))
     status, detail = gpu_check.round_trip_verdict([("ar", steps[1:-1])])
     assert status == "PASS" and "torch syncs n/a (CPU)" in detail and len(modes) == 4
+
+
+def test_the_loop_verify_row_times_the_passes_inside_the_loop_and_judges_only_on_a_gpu():
+    """Row 3's loop-vs-lone-pass check: ``PassTimes`` sees every pass of a decode (the prefill first) and gives the
+    target its own method back; the verdict fails a drafter whose loop verify is over 1.5x the lone pass, on a GPU."""
+    import torch
+
+    from specbench.testing import tiny_random
+
+    gpu_check = gpu_check_module()
+    model = tiny_random(torch.device("cpu"))
+    target = model.target
+    with gpu_check.PassTimes(target, cuda=False) as passes:
+        generation = gpu_check.decoder(target).generate(gpu_check.random_prompt(24, 3) * 2, gpu_check.no_draft(), 6)
+    assert len(passes.launch_s) == len(generation.steps) and all(seconds > 0 for seconds in passes.launch_s)
+    assert passes.device_s == [] and "_forward" not in vars(target)  # the class's method again
+    assert gpu_check.ratio_verdict({"ar": 1.1, "pld": 1.4}, judged=True) == "PASS"
+    assert gpu_check.ratio_verdict({"ar": 1.1, "pld": 3.1}, judged=True) == "FAIL"
+    assert gpu_check.ratio_verdict({"ar": 1.1, "pld": 3.1}, judged=False) == "PASS"
+    status, detail = gpu_check.loop_verify_verdict(gpu_check.Check(torch.device("cpu"), quick=True), model)
+    assert status == "PASS" and detail.count("median ratio") == 2 and "not judged on a CPU" in detail
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash
