@@ -10,8 +10,9 @@ Rows: (1) float32 losslessness of every drafter config on tiny-random against tr
 ``specbench.measure.mismatch`` (near-tie or violation); (3) a 7B-shaped random Llama in float16 built on the device: memory
 after load, after a 2,000-token prefill and after an 80-node verify, verify latency for q=1..80 at a 1k context,
 device round trips per step, draft/verify/overhead shares of PLD and Token Recycling's 80-node tree; (4) accelerate's
-device_map and transformers' tensor parallelism (``torchrun``) against one device. On a CPU the 7B shape is replaced
-by a small one. Every row is guarded: an exception is a FAIL with its first line and the next row runs. Exit status 0
+device_map and transformers' tensor parallelism (``torchrun``) against one device; (5) each kind of trained head
+(eagle, eagle3, medusa, hydra) trained on the device against the same training on the host. On a CPU the 7B shape
+is replaced by a small one. Every row is guarded: an exception is a FAIL with its first line and the next row runs. Exit status 0
 iff no row FAILs.
 
 Drafter configs are composed with hydra as the tests compose them: on a bare GPU machine install the wheels that
@@ -633,6 +634,93 @@ def tp_worker(args) -> int:
     return 0
 
 
+# ---- row 5: head training on the device -----------------------------------------------------------------------
+
+# Each kind's recipe for the row: a few steps of a small head on tiny-random (the trainer's settings otherwise).
+TRAINING_KINDS = {
+    "eagle": {"noise": 0.2},
+    "eagle3": {"feature_layers": [0, 1, 2], "draft_vocab_size": 64, "ttt_steps": 2},
+    "medusa": {"heads": 2},
+    "hydra": {"num_heads": 2, "num_layers": 2, "dropout_rate": 0.1},
+}
+TRAINING_STEPS = 8
+LOSS_TOLERANCE = 5e-3  # relative, per step: float32 on the device against float32 on the host
+ACCEPTANCE_TOLERANCE = 0.05  # absolute, per draft position: a near-tie of the chain's argmax may fall either way
+
+
+def training_conversations(vocab: int, count: int = 8) -> list[tuple[list[int], list[int]]]:
+    """(prompt, answer) token ids drawn at random: the trainer reads the target's features of whatever it is given,
+    and the row compares two devices on the same data, not what a head learns."""
+    rng = np.random.default_rng(7)
+    return [(rng.integers(3, vocab, 12).tolist(), rng.integers(3, vocab, 40).tolist()) for _ in range(count)]
+
+
+def train_on(device: torch.device, kind: str, scratch: Path) -> dict:
+    """A head of ``kind`` trained for tiny-random on ``device`` as ``build_trained_head`` trains one (the target's
+    features there, the head placed there, ``train``, ``acceptance``), saved and loaded back by the kind's hooks."""
+    from specbench.training import methods
+    from specbench.training.heads import Labels, acceptance, chain_positions, place, recipe_of, target_sequences, train
+
+    model = testing.tiny_random(device, "float32")
+    module = methods.module(kind)
+    recipe = recipe_of(kind, {"train_steps": TRAINING_STEPS, "batch_sequences": 2, "held_out": 0, "warmup_steps": 1,
+                              "lr": 3e-3, **TRAINING_KINDS[kind]})
+    layers = tuple(module.feature_layers(kind, model.num_layers, recipe))
+    sequences = target_sequences(model, training_conversations(model.vocab_size), layers, f"{kind} features")
+    head = module.new_head(model, kind, recipe, sequences)
+    draft_ids = getattr(module, "draft_ids", None)
+    labels = Labels(model, draft_ids(head, kind) if draft_ids is not None else None)
+    head = place(head, module, kind, model.device)
+    labels.to(model.device)
+    losses, seconds = train(head, labels, sequences, kind, recipe, scratch / f"{kind}-{device.type}",
+                            {"gpu_check": kind})
+    where = {str(tensor.device) for tensor in head.parameters()}
+    rates = acceptance(head, module, labels, sequences, kind, chain_positions(module, kind, recipe))["acceptance"]
+    saved = scratch / f"{kind}-{device.type}-head"
+    module.save(head, kind, saved)
+    module.load(model, saved, kind)  # strict: it fits the target it was trained for
+    return {"losses": losses, "seconds": seconds, "devices": where, "acceptance": rates}
+
+
+def training_rows(check: Check) -> list[Row]:
+    """Row 5: each kind's head trained on the device and on the host from the same start and data: its losses step
+    by step and its acceptance must agree (on a CPU both runs are the host's: the row checks the path still runs)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for kind in TRAINING_KINDS:
+            began = time.perf_counter()
+            label = f"5 {kind} head trains on {check.device.type}"
+            try:
+                there = train_on(check.device, kind, Path(scratch))
+                here = there if not check.cuda else train_on(torch.device("cpu"), kind, Path(scratch))
+                rows.append(Row(label, *training_verdict(there, here, check.device)))
+            except Exception as error:  # noqa: BLE001 - each kind reports, the next one runs
+                rows.append(Row(label, "FAIL", f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"))
+            rows[-1].seconds = time.perf_counter() - began
+    return rows
+
+
+def training_verdict(there: dict, here: dict, device: torch.device) -> tuple[str, str]:
+    """PASS when the head stayed on ``device``, every loss is finite, and the losses and acceptance agree with the
+    host's run within LOSS_TOLERANCE (relative) and ACCEPTANCE_TOLERANCE (absolute)."""
+    import math
+
+    problems = []
+    if {torch.device(name).type for name in there["devices"]} != {device.type}:
+        problems.append(f"the head's parameters are on {sorted(there['devices'])}")
+    if not all(math.isfinite(loss) for loss in there["losses"]):
+        problems.append("a loss is not finite")
+    worst = max((abs(a - b) / max(abs(b), 1e-8) for a, b in zip(there["losses"], here["losses"])), default=0.0)
+    if len(there["losses"]) != len(here["losses"]) or worst > LOSS_TOLERANCE:
+        problems.append(f"losses differ from the host's by up to {worst:.1e} (relative)")
+    gap = max((abs(a - b) for a, b in zip(there["acceptance"], here["acceptance"])), default=0.0)
+    if gap > ACCEPTANCE_TOLERANCE:
+        problems.append(f"acceptance {there['acceptance']} against the host's {here['acceptance']}")
+    detail = (f"{len(there['losses'])} steps in {there['seconds']:.1f} s, loss {there['losses'][0]:.3f} -> "
+              f"{there['losses'][-1]:.3f}, host's within {worst:.1e}; acceptance {there['acceptance']}; saved, loads back")
+    return ("FAIL", "; ".join(problems)) if problems else ("PASS", detail)
+
+
 # ---- the command ---------------------------------------------------------------------------------------------
 
 
@@ -659,7 +747,7 @@ def environment(device: torch.device) -> str:
     return ", ".join(parts)
 
 
-ROW_GROUPS = ("1", "2", "3", "4", "tp")
+ROW_GROUPS = ("1", "2", "3", "4", "tp", "5")
 
 
 def row_groups(text: str) -> list[str]:
@@ -695,6 +783,8 @@ def run_rows(check: Check, groups: list[str]) -> None:
         check.guarded("4 device_map=cpu wiring", device_map_row, check, "cpu")
     if "tp" in groups:
         check.guarded("4 tensor parallel", tensor_parallel_row, check)
+    if "5" in groups:
+        check.guarded("5 head training", training_rows, check)
 
 
 def main(argv=None) -> int:

@@ -34,6 +34,9 @@ from it only where that cannot run here; each departure has its reason in `specb
 (`DIFFERENCES`). The tables are written by `scripts/recipe_tables.py` from the code (tests/test_train_heads.py fails
 while they are stale). Settings the method does not have (`held_out`, `prompts`, `max_new_tokens`,
 `sampled_answers`, `seed`) are specbench's alone and are listed by `python scripts/train_head.py --kind KIND --help`.
+A head trains where its target ran (`run.device`: the CPU, or a GPU with `run.device=cuda`), in float32; its
+manifest's `trained_on` names the device, and `scripts/gpu_check.py`'s row 5 checks a GPU's training against the
+host's, step by step (docs/gpu.md).
 """
 REPOSITORIES = {"eagle": "SafeAILab/EAGLE", "eagle3": "SafeAILab/EAGLE", "medusa": "FasterDecoding/Medusa",
                 "hydra": "zankner/Hydra"}

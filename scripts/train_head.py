@@ -6,7 +6,9 @@ set (by default specbench's head prompts), and save it where the drafter of that
     python scripts/train_head.py --model smollm2-135m --kind eagle --out heads/smol-eagle
     python scripts/train_head.py --model tiny-random --kind eagle3 --feature-layers 0,1,2 --train-steps 0
     python scripts/train_head.py --model smollm2-135m --kind hydra
+    python scripts/train_head.py --model qwen3-8b --kind eagle3 run.device=cuda   # the features and the training there
 
+The head trains where the target runs (``run.device``), in float32; its manifest's ``trained_on`` says where.
 Without --out the head goes where the drafter looks for the same settings (the specbench cache), so a drafter
 whose heads_by_model entry is ``{trained: {SETTINGS}}`` finds it built; the settings not given take the kind's
 defaults (specbench.training.heads.recipe_of: the method's published recipe with specbench's differences, listed in

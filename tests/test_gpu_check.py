@@ -32,7 +32,8 @@ def test_gpu_check_passes_on_the_cpu(tmp_path):
     assert {row["status"] for row in rows} <= {"PASS", "SKIP"}, [row for row in rows if row["status"] == "FAIL"]
     names = " ".join(row["name"] for row in rows)
     for row_kind in ("1 lossless float32 pld", "2 bfloat16", "3 verify latency", "3 round trips", "3 step shares",
-                     "3 loop verify vs one pass", "4 device_map=cpu", "4 tensor parallel"):
+                     "3 loop verify vs one pass", "4 device_map=cpu", "4 tensor parallel", "5 eagle head trains",
+                     "5 eagle3 head trains", "5 medusa head trains", "5 hydra head trains"):
         assert row_kind in names
     skipped = [row for row in rows if row["status"] == "SKIP"]
     assert all(row["name"].startswith(("2 float16", "4 device_map=auto")) for row in skipped), skipped
@@ -192,6 +193,25 @@ def test_the_loop_verify_row_times_the_passes_inside_the_loop_and_judges_only_on
     assert gpu_check.ratio_verdict({"ar": 1.1, "pld": 3.1}, judged=False) == "PASS"
     status, detail = gpu_check.loop_verify_verdict(gpu_check.Check(torch.device("cpu"), quick=True), model)
     assert status == "PASS" and detail.count("median ratio") == 2 and "not judged on a CPU" in detail
+
+
+def test_the_training_row_compares_the_devices_run_with_the_hosts():
+    import torch
+
+    gpu_check = gpu_check_module()
+    host = {"losses": [2.0, 1.5, 1.0], "seconds": 1.0, "devices": {"cpu"}, "acceptance": [0.5, 0.25]}
+    close = {**host, "devices": {"cuda:0"}, "losses": [2.0, 1.5001, 1.0002], "acceptance": [0.52, 0.25]}
+    cuda = torch.device("cuda")
+    assert gpu_check.training_verdict(close, host, cuda)[0] == "PASS"
+    status, detail = gpu_check.training_verdict({**close, "devices": {"cpu"}}, host, cuda)
+    assert status == "FAIL" and "parameters are on ['cpu']" in detail  # a head left on the host
+    status, detail = gpu_check.training_verdict({**close, "losses": [2.0, 1.5, 1.2]}, host, cuda)
+    assert status == "FAIL" and "losses differ" in detail
+    status, detail = gpu_check.training_verdict({**close, "losses": [2.0, float("nan"), 1.0]}, host, cuda)
+    assert status == "FAIL" and "not finite" in detail
+    status, detail = gpu_check.training_verdict({**close, "acceptance": [0.3, 0.25]}, host, cuda)
+    assert status == "FAIL" and "acceptance" in detail
+    assert gpu_check.training_verdict(host, host, torch.device("cpu"))[0] == "PASS"
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash

@@ -182,7 +182,9 @@ def loss(head, labels: Labels, batch: Batch, kind: str, recipe, generator: torch
     if kind == "eagle" and settings["noise"] > 0 and generator is not None:
         # EAGLE-1's uniform noise, wider for shorter sequences
         amplitude = (settings["noise"] * 512 / batch.lengths.float())[:, None, None]
-        features = features + (torch.rand(features.shape, generator=generator) - 0.5) * amplitude
+        # drawn on the host (the same numbers wherever the head trains), then moved to the features' device
+        noise = (torch.rand(features.shape, generator=generator) - 0.5).to(features.device)
+        features = features + noise * amplitude
     steps = settings["ttt_steps"] if kind == "eagle3" else 1
     outputs = unrolled_outputs(head, batch.token_ids[:, 1:], features, steps)
     total, parts = 0.0, {}
@@ -208,9 +210,15 @@ def loss(head, labels: Labels, batch: Batch, kind: str, recipe, generator: torch
 
 def chain_tokens(head, labels: Labels, batch: Batch, kind: str, positions: int) -> torch.LongTensor:
     """The head's greedy chain of ``positions`` tokens after every index [B, T, positions], as target ids: the
-    unrolled forward fed the true tokens (exact under "the first k - 1 were right")."""
+    unrolled forward fed the true tokens (exact under "the first k - 1 were right"). An eagle head's draft logits
+    are the target's lm_head's: taken from ``labels``' float32 copy of it, which is where the head is, rather than
+    from the target's own module, which may sit on another device or in half precision."""
     outputs = unrolled_outputs(head, batch.token_ids[:, 1:], batch.features, positions)
-    return torch.stack([head.to_target_ids(head.draft_logits(out).argmax(-1)) for out in outputs], dim=-1)
+
+    def draft_logits(out: torch.Tensor) -> torch.Tensor:
+        return labels.logits(out) if kind == "eagle" else head.draft_logits(out)
+
+    return torch.stack([head.to_target_ids(draft_logits(out).argmax(-1)) for out in outputs], dim=-1)
 
 
 def save(head, kind: str, directory: Path) -> None:

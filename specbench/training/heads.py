@@ -22,7 +22,8 @@ A method's module defines (the contract the trainer calls):
     chain_tokens(head, labels, batch, kind, positions) -> LongTensor [B, T, positions]   (-1: no token)
     save(head, kind, directory), load(target, directory, kind)
 
-and optionally ``NULLABLE[kind]`` (method settings that may also be null), ``check(kind, settings)`` (ranges the
+and optionally ``place(head, kind, device)`` (the head on the device it trains on, where ``Module.to`` does not
+move all it reads: Hydra's copy of the target's embedding), ``NULLABLE[kind]`` (method settings that may also be null), ``check(kind, settings)`` (ranges the
 types cannot say; raises SpecbenchError), ``batch_depth(kind, recipe)`` (label positions a batch must reach past
 each index; default EVAL_POSITIONS), ``chain_length(kind, recipe)`` (the draft positions the method's chain has, when
 fewer than EVAL_POSITIONS: acceptance is measured at those alone), ``draft_ids(head, kind)`` (the target ids of a reduced draft vocabulary, whose
@@ -339,6 +340,10 @@ class Batch:
     first_draft: torch.BoolTensor  # [B, T]: indices t >= P - 1, the ones that draft at decoding time
     lengths: torch.LongTensor     # [B] L
 
+    def to(self, device: torch.device) -> "Batch":
+        """The batch on ``device`` (itself where it already is): a head trains where its parameters are."""
+        return Batch(**{item.name: getattr(self, item.name).to(device) for item in fields(self)})
+
 
 def make_batch(sequences: list[Sequence], depth: int) -> Batch:
     """Pad ``sequences`` for an unroll of ``depth`` steps (see ``Batch``)."""
@@ -408,6 +413,13 @@ class Labels:
     def logits(self, final: torch.Tensor) -> torch.Tensor:
         return F.linear(final, self.weight)
 
+    def to(self, device: torch.device) -> "Labels":
+        """These labels with their weight (and draft-vocabulary mask) moved to ``device``, in place."""
+        self.weight = self.weight.to(device)
+        if self.in_draft is not None:
+            self.in_draft = self.in_draft.to(device)
+        return self
+
 
 def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.BoolTensor) -> torch.Tensor:
     """Mean over the ``mask``ed positions of -sum_v p_target(v) log p_draft(v) (EAGLE's "ploss")."""
@@ -455,12 +467,14 @@ def acceptance(head, module, labels: Labels, sequences: list[Sequence], kind: st
     reached = np.zeros(positions + 1)  # reached[k]: chains whose first k tokens were all right
     tried = np.zeros(positions)  # tried[k]: chains measured at position k + 1 (its label exists)
     was_training = head.training
+    device = head_device(head)
     head.eval()
     try:
         for begin in range(0, len(sequences), batch_sequences):
             batch = make_batch(sequences[begin:begin + batch_sequences], positions)
             width = batch.features.shape[1]
-            chain = module.chain_tokens(head, labels, batch, kind, positions)  # [B, T, positions]
+            # the chain where the head is; the counting on the host
+            chain = module.chain_tokens(head, labels, batch.to(device), kind, positions).cpu()  # [B, T, positions]
             assert chain.shape == (batch.features.shape[0], width, positions), (
                 f"chain_tokens gave {tuple(chain.shape)}, expected [B, T, positions]")
             alive = batch.first_draft.clone()
@@ -480,6 +494,18 @@ def acceptance(head, module, labels: Labels, sequences: list[Sequence], kind: st
 
 
 # ---- training, resumable -----------------------------------------------------------------------------------------
+
+
+def place(head, module, kind: str, device: torch.device):
+    """``head`` moved to ``device`` for training (the method's ``place`` hook, else ``Module.to``)."""
+    hook = getattr(module, "place", None)
+    return hook(head, kind, device) if hook is not None else head.to(device)
+
+
+def head_device(head) -> torch.device:
+    """Where ``head``'s parameters are: where it trains and drafts its chains (``build_trained_head`` puts it on the
+    target's device)."""
+    return next(head.parameters()).device
 
 
 def _trainable(head) -> dict[str, torch.Tensor]:
@@ -558,7 +584,10 @@ def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Re
           identity: dict, checkpoint_s: float = CHECKPOINT_S, on_step=None) -> tuple[list[float], float]:
     """Train ``head`` in place for ``recipe.steps(len(sequences))`` steps with the method's ``loss`` hook, resuming
     from ``staging``'s checkpoint of the same ``identity``; return the loss of every step and the training seconds
-    (over all runs of it).
+    (over all runs of it). The head trains where its parameters are (``head_device``; ``labels`` must be there
+    too): each batch is made on the host and moved there, and the random draws (EAGLE's noise, Hydra's dropout)
+    come from a host generator, so the data a step sees is the same on every device. A checkpoint resumes on any
+    device.
 
     The checkpoint is written every ``checkpoint_s`` seconds and, when the training is interrupted between two
     optimizer updates (Ctrl-C or any error), at once. ``on_step(step)`` (tests) is called after each step."""
@@ -581,6 +610,7 @@ def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Re
         return losses, seconds
     started, saved_at = time.perf_counter(), time.perf_counter()
     depth = batch_depth(module, kind, recipe)
+    device = head_device(head)
     lengths = [len(sequence.token_ids) for sequence in sequences]
     head.train()
     bar = tqdm(total=total, initial=step, desc=f"training {kind} head", unit="step")
@@ -588,7 +618,7 @@ def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Re
     try:
         while step < total:
             chosen = batch_indices(step, lengths, recipe.batch_sequences, recipe.seed)
-            batch = make_batch([sequences[i] for i in chosen], depth)
+            batch = make_batch([sequences[i] for i in chosen], depth).to(device)
             generator = torch.Generator().manual_seed(recipe.seed * 1_000_003 + step)
             optimizer.zero_grad(set_to_none=True)
             loss, parts = module.loss(head, labels, batch, kind, recipe, generator)

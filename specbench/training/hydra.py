@@ -137,6 +137,15 @@ def new_head(target, kind: str, recipe, sequences=None) -> torch.nn.Module:
     return head
 
 
+def place(head, kind: str, device: torch.device) -> torch.nn.Module:
+    """``head`` on ``device`` to train there, with the host copy of the target's embedding it reads beside it: that
+    copy is held outside the module tree (``heads.hydra_heads.HydraHead``), so ``Module.to`` leaves it behind."""
+    _check_kind(kind)
+    head.to(device)
+    object.__setattr__(head, "target_embedding", head.target_embedding.to(device))
+    return head
+
+
 def _dropout(rate: float, generator: torch.Generator | None):
     """Hydra's Dropout(rate) with its draws from ``generator`` (a resumed training draws what an uninterrupted one
     did); None when not training (no generator) or the rate is 0."""
@@ -173,10 +182,10 @@ def loss(head, labels, batch, kind: str, recipe, generator: torch.Generator | No
     width = _check_batch(batch, heads)
     dropout = _dropout(settings["dropout_rate"], generator)
     prefix = head.prefix_sequences(batch.features.to(head.hydra_lm_head[0][1].weight.dtype))
-    positions = torch.arange(width)[None, :]
+    positions = torch.arange(width, device=batch.lengths.device)[None, :]
     with torch.no_grad():  # the target's logits once for every head (each head's labels are a window of them)
         target_logits = labels.logits(batch.final[:, 1:1 + width + heads - 1])
-    total = torch.zeros(())
+    total = batch.features.new_zeros(())
     parts: dict[str, float] = {}
     for index in range(heads):
         label = index + 1  # the target's distribution at t + index + 1 predicts x_{t+index+2}
@@ -205,7 +214,8 @@ def chain_tokens(head, labels, batch, kind: str, positions: int) -> torch.LongTe
     width = batch.features.shape[1]
     depth = min(positions, heads)
     _check_batch(batch, depth)
-    chain = torch.full((batch.features.shape[0], width, positions), -1, dtype=torch.long)
+    chain = torch.full((batch.features.shape[0], width, positions), -1, dtype=torch.long,
+                       device=batch.features.device)
     prefix = head.prefix_sequences(batch.features.to(head.hydra_lm_head[0][1].weight.dtype))
     for index in range(depth):
         chain[:, :, index] = head.head_logits(index, _head_inputs(head, batch, index, prefix, width)).argmax(-1)

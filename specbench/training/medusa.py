@@ -105,12 +105,12 @@ def new_head(target, kind: str, recipe, sequences):
 
 def _labels(batch, k: int, width: int) -> tuple[torch.LongTensor, torch.BoolTensor]:
     """Head k's labels [B, T] (the token at t + 2 + k) and where they are trained (an answer token, P <= u < L)."""
-    count = batch.token_ids.shape[0]
-    labels = torch.zeros(count, width, dtype=torch.long)
-    trained = torch.zeros(count, width, dtype=torch.bool)
+    count, device = batch.token_ids.shape[0], batch.token_ids.device
+    labels = torch.zeros(count, width, dtype=torch.long, device=device)
+    trained = torch.zeros(count, width, dtype=torch.bool, device=device)
     available = min(width, batch.token_ids.shape[1] - (2 + k))  # u = t + 2 + k within the padded arrays
     if available > 0:
-        positions = torch.arange(2 + k, 2 + k + available)
+        positions = torch.arange(2 + k, 2 + k + available, device=device)
         labels[:, :available] = batch.token_ids[:, positions]
         # labelled[u - 1] holds for P <= u <= L; u < L leaves out the position after the answer, which has no token
         trained[:, :available] = batch.labelled[:, positions - 1] & (positions[None, :] < batch.lengths[:, None])
@@ -156,7 +156,7 @@ def chain_tokens(head, labels, batch, kind: str, positions: int) -> torch.LongTe
     _check_kind(kind)
     features = batch.features
     count, width = features.shape[:2]
-    chain = torch.full((count, width, positions), -1, dtype=torch.long)
+    chain = torch.full((count, width, positions), -1, dtype=torch.long, device=features.device)
     for k in range(min(positions, head.config.num_heads)):
         chain[:, :, k] = head.head_logits(k, features).argmax(-1)
     return chain

@@ -27,7 +27,8 @@ DOCUMENTED = ("precision", "data", "decay_steps", "gradient_accumulation", "max_
 
 # Why each difference: the development machine trains on 2 CPU cores, where one epoch over specbench's head prompts
 # costs minutes (docs/fidelity.md's tables give each build's time), and the published recipes ran for days on GPUs.
-_CPU = "float32 on the CPU (bfloat16/float16 autocast is a GPU's speed-up, not part of what a head learns)"
+_FLOAT32 = ("float32, on the device the target ran on (the CPU here; a GPU with `run.device=cuda`): bfloat16/float16 "
+            "autocast is a GPU's speed-up, not part of what a head learns")
 _DATA = ("the target's greedy answers (max_new_tokens 256) to specbench's head prompts (specbench/data/"
          "head_prompts.jsonl, about 600 written for specbench, none sharing an 8-word run with Spec-Bench's "
          "questions), 16 held out to measure the head")
@@ -46,7 +47,7 @@ DIFFERENCES = {
         "warmup_ratio": (0.1, _WARMUP),
         "decay_steps": ("the last step", "the published decay ends at step 800,000, which 20 epochs never reach: "
                                          "specbench decays to 0 at its own last step"),
-        "precision": ("float32", _CPU),
+        "precision": ("float32", _FLOAT32),
         "data": (_DATA, _DATA_WHY),
     },
     "eagle3": {
@@ -60,7 +61,7 @@ DIFFERENCES = {
         "gradient_accumulation": (1, "see batch_sequences"),
         "decay_steps": ("the last step", "the published decay ends at step 800,000, which 40 epochs never reach: "
                                          "specbench decays to 0 at its own last step"),
-        "precision": ("float32", _CPU),
+        "precision": ("float32", _FLOAT32),
         "data": (_DATA, _DATA_WHY),
         "ttt_steps": (2, "each unrolled step is one more forward and backward of the head over every position: "
                          "7 steps make a build about 3 times longer (`ttt_steps: 7` builds with EAGLE-3's unroll)"),
@@ -72,7 +73,7 @@ DIFFERENCES = {
         "batch_sequences": (4, "128 sequences per step (8 per GPU x 4 GPUs x 4 accumulated) would make one epoch of "
                                "specbench's ~580 answers 5 steps, and on the CPU the 4 heads' logits over 49,152 "
                                "tokens are over a gigabyte per 4 sequences: 4 sequences per step, 145 steps an epoch"),
-        "precision": ("float32", _CPU),
+        "precision": ("float32", _FLOAT32),
         "data": (_DATA, "ShareGPT is opt-in (`prompts: sharegpt`: a 13 MB download specbench does not ship); "
                         "Medusa-1 trained Vicuna's heads on ShareGPT's answers, Vicuna's own fine-tuning data, and "
                         "Medusa's README adds self-distillation (the target's own answers) for a target without "
@@ -94,7 +95,7 @@ DIFFERENCES = {
         "warmup_ratio": (0.1, _WARMUP),
         "batch_sequences": (4, "4 sequences on each of 8 GPUs; specbench takes 4 sequences per step on one CPU, so "
                                "an epoch of its few hundred answers is 150 steps rather than 19"),
-        "precision": ("float32", _CPU),
+        "precision": ("float32", _FLOAT32),
         "data": (_DATA, _DATA_WHY),
         "max_length": ("prompt + 256 answer tokens", "specbench's answers are max_new_tokens long (256), well inside "
                                                      "the published 2,048-token truncation, which never cuts them"),
