@@ -8,7 +8,8 @@ set (by default specbench's head prompts), and save it where the drafter of that
     python scripts/train_head.py --model smollm2-135m --kind hydra
     python scripts/train_head.py --model qwen3-8b --kind eagle3 run.device=cuda   # the features and the training there
 
-The head trains where the target runs (``run.device``), in float32; its manifest's ``trained_on`` says where.
+The head trains where the target runs (``run.device``), in float32, or on the host with ``--train-device cpu``; its
+manifest's ``trained_on`` says where.
 Without --out the head goes where the drafter looks for the same settings (the specbench cache), so a drafter
 whose heads_by_model entry is ``{trained: {SETTINGS}}`` finds it built; the settings not given take the kind's
 defaults (specbench.training.heads.recipe_of: the method's published recipe with specbench's differences, listed in
@@ -39,7 +40,7 @@ if __name__ == "__main__":
 from hydra.utils import instantiate  # noqa: E402  (after the interrupt handler, on purpose)
 
 from specbench.config import compose  # noqa: E402
-from specbench.artefacts.trained_head import build_trained_head, trained_head_directory  # noqa: E402
+from specbench.artefacts.trained_head import TRAIN_DEVICES, build_trained_head, trained_head_directory  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.training import methods  # noqa: E402
 from specbench.artefacts.target_answers import PROMPT_SETS  # noqa: E402
@@ -117,6 +118,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             parser.add_argument(flag(name), dest=name, default=None, metavar="VALUE",
                                 help=f"{kind}: {name} (default: {default})")
     parser.add_argument("--out", default=None, help="output directory (default: where the drafter looks)")
+    parser.add_argument("--train-device", choices=TRAIN_DEVICES, default="target",
+                        help="where the head trains: target (the target's device, run.device; default) or cpu "
+                             "(the host: for a GPU without memory for the head beside the target); not part of the "
+                             "head's settings")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.path=/ckpt run.device=cuda")
     return parser.parse_args(argv)
 
@@ -158,7 +163,7 @@ def main() -> None:
         cfg = compose([f"model={args.model}", *args.overrides])
         target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
         out = Path(args.out) if args.out else trained_head_directory(target, args.kind, spec, None)
-        manifest = build_trained_head(target, out, args.kind, **spec)
+        manifest = build_trained_head(target, out, args.kind, train_device=args.train_device, **spec)
     except SpecbenchError as error:
         print(f"train_head: error: {error}", file=sys.stderr)
         sys.exit(2)

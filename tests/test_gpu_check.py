@@ -199,8 +199,11 @@ def test_the_training_row_compares_the_devices_run_with_the_hosts():
     import torch
 
     gpu_check = gpu_check_module()
-    host = {"losses": [2.0, 1.5, 1.0], "seconds": 1.0, "devices": {"cpu"}, "acceptance": [0.5, 0.25]}
-    close = {**host, "devices": {"cuda:0"}, "losses": [2.0, 1.5001, 1.0002], "acceptance": [0.52, 0.25]}
+    initial = {"w": torch.zeros(4)}
+    host = {"losses": [2.0, 1.5, 1.0], "seconds": 1.0, "devices": {"cpu"}, "initial": initial,
+            "trained": {"w": torch.tensor([1.0, -1.0, 0.5, 0.0])}, "chain": torch.tensor([[3, 4], [5, -1]])}
+    close = {**host, "devices": {"cuda:0"}, "losses": [2.0, 1.5001, 1.0002],
+             "trained": {"w": torch.tensor([1.0, -1.0, 0.5, 1e-4])}}
     cuda = torch.device("cuda")
     assert gpu_check.training_verdict(close, host, cuda)[0] == "PASS"
     status, detail = gpu_check.training_verdict({**close, "devices": {"cpu"}}, host, cuda)
@@ -209,8 +212,13 @@ def test_the_training_row_compares_the_devices_run_with_the_hosts():
     assert status == "FAIL" and "losses differ" in detail
     status, detail = gpu_check.training_verdict({**close, "losses": [2.0, float("nan"), 1.0]}, host, cuda)
     assert status == "FAIL" and "not finite" in detail
-    status, detail = gpu_check.training_verdict({**close, "acceptance": [0.3, 0.25]}, host, cuda)
-    assert status == "FAIL" and "acceptance" in detail
+    # a device whose updates went nowhere: its weights are where they started, a whole training's movement away
+    status, detail = gpu_check.training_verdict({**close, "trained": initial}, host, cuda)
+    assert status == "FAIL" and "trained weights 1 of the training's own movement" in detail
+    status, detail = gpu_check.training_verdict({**close, "chain": torch.tensor([[3, 4], [6, -1]])}, host, cuda)
+    assert status == "FAIL" and "75.0% of the chain tokens alike" in detail
+    status, detail = gpu_check.training_verdict(close, {**host, "trained": initial}, cuda)
+    assert status == "FAIL" and "training did not move the head on the host" in detail
     assert gpu_check.training_verdict(host, host, torch.device("cpu"))[0] == "PASS"
 
 

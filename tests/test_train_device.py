@@ -155,3 +155,52 @@ def test_an_eagle_heads_chain_reads_the_labels_copy_of_the_lm_head_not_the_targe
     object.__setattr__(head, "target_lm_head", Refusing())
     assert torch.equal(module.chain_tokens(head, labels, batch, "eagle", 2), expected)
     assert Path(training.__file__).name == "heads.py"  # the trainer these tests pin
+
+
+def test_a_head_that_runs_out_of_gpu_memory_is_one_line_naming_the_host_build(tiny, tmp_path, monkeypatch):
+    import specbench.artefacts.trained_head as trained_heads
+    from specbench.errors import SpecbenchError
+
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target, recipe: CONVERSATIONS * 2)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.6 GiB total)\nmore")
+
+    monkeypatch.setattr(trained_heads, "train", out_of_memory)
+    with pytest.raises(SpecbenchError) as raised:
+        build_trained_head(tiny, tmp_path / "head", "medusa", train_steps=2, batch_sequences=2, held_out=2, heads=2)
+    message = str(raised.value)
+    assert "\n" not in message and "ran out of GPU memory" in message and "Tried to allocate 2.00 GiB" in message
+    assert message.endswith("--train-device cpu") and "scripts/train_head.py --model tiny-random --kind medusa" in message
+    with pytest.raises(SpecbenchError, match="train_device='gpu' is unknown; choose one of target, cpu"):
+        build_trained_head(tiny, tmp_path / "head", "medusa", train_device="gpu", heads=2)
+
+
+def test_medusa_leaves_the_labels_on_the_host_and_the_others_take_them_along(tiny, tmp_path, monkeypatch):
+    """Medusa's hard labels never read the target's lm_head copy, so it stays on the host (vocabulary x hidden in
+    float32 is gigabytes for a large vocabulary); every other kind's labels go where the head trains."""
+    import specbench.artefacts.trained_head as trained_heads
+
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target, recipe: CONVERSATIONS * 2)
+    moved = []
+    monkeypatch.setattr(training.Labels, "to", lambda self, device: moved.append(device) or self)
+    build_trained_head(tiny, tmp_path / "medusa", "medusa", train_steps=1, batch_sequences=2, held_out=2, heads=2)
+    assert moved == []
+    build_trained_head(tiny, tmp_path / "hydra", "hydra", train_steps=1, batch_sequences=2, held_out=2,
+                       **KINDS["hydra"])
+    assert moved == [tiny.device]
+    assert methods.module("medusa").READS_LABELS is False
+    assert all(getattr(methods.module(kind), "READS_LABELS", True) for kind in ("eagle", "eagle3", "hydra"))
+
+
+def test_train_device_cpu_trains_on_the_host(tiny, tmp_path, monkeypatch):
+    import specbench.artefacts.trained_head as trained_heads
+
+    monkeypatch.setattr(trained_heads, "training_conversations", lambda target, recipe: CONVERSATIONS * 2)
+    placed = []
+    monkeypatch.setattr(trained_heads, "place", lambda head, module, kind, device: placed.append(device) or head)
+    # a target said to run elsewhere (its features still come from the host)
+    monkeypatch.setattr(type(tiny), "device", property(lambda self: META))
+    manifest = build_trained_head(tiny, tmp_path / "head", "medusa", train_steps=1, batch_sequences=2, held_out=2,
+                                  train_device="cpu", heads=2)
+    assert placed == [torch.device("cpu")] and manifest["trained_on"] == "cpu"

@@ -6,6 +6,7 @@ docstring shows the layout)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import shlex
 import shutil
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from specbench.artefacts.base import Artefact
 from specbench.artefacts.target_answers import (
@@ -151,6 +153,10 @@ class TrainedHead(Artefact):
     def build(self) -> None:
         self.announce()
         build_trained_head(self.target, self.directory, self.kind, **self.spec)
+        if self.target.device.type == "cuda":
+            # the head, its optimizer and labels are garbage now: give their memory back before the run decodes
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def load(self):
         return load_trained_head(self.target, self.directory, self.kind, f"rebuild it with `{self.rebuild_command()}`")
@@ -205,8 +211,6 @@ def training_conversations(target, recipe: Recipe) -> list[tuple[list[int], list
 
 def training_device_name(device) -> str:
     """The device a head trains on, as its manifest records it: ``cpu``, or ``cuda:0 (NVIDIA H200)``."""
-    import torch
-
     if getattr(device, "type", str(device)) == "cuda" and torch.cuda.is_available():
         return f"{device} ({torch.cuda.get_device_name(device)})"
     return str(device)
@@ -218,14 +222,21 @@ def staging_directory(directory: Path) -> Path:
     return directory.with_name(f"{directory.name}.partial")
 
 
+TRAIN_DEVICES = ("target", "cpu")  # where a head trains: beside the target (its device), or on the host
+
+
 def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: float = CHECKPOINT_S, on_step=None,
-                       **spec) -> dict:
+                       train_device: str = "target", **spec) -> dict:
     """Train a head of ``kind`` for ``target`` with the recipe ``spec`` (``Recipe``'s keys and the kind's method
     settings) and publish it whole at ``directory`` in its method's format (the kind's ``save`` hook), with a
     manifest of the recipe, the data's counts, the losses, the acceptance measured one way on the held-out answers
     and on as many training answers (``heads.acceptance``) and the seconds; return the manifest. An interrupted
-    build resumes from its checkpoint beside ``directory`` (see ``training.heads``). ``checkpoint_s`` and
-    ``on_step`` are for tests, not part of the recipe."""
+    build resumes from its checkpoint beside ``directory`` (see ``training.heads``). ``train_device``: where the
+    head trains, ``target`` (the target's device, where its features come from) or ``cpu`` (the host, for a GPU
+    with too little memory beside the target); like ``checkpoint_s`` and ``on_step`` (tests), not part of the
+    recipe: the device changes how fast a head trains, not what it learns."""
+    if train_device not in TRAIN_DEVICES:
+        raise SpecbenchError(f"train_device={train_device!r} is unknown; choose one of {', '.join(TRAIN_DEVICES)}")
     started = time.perf_counter()
     directory = Path(directory)
     recipe = recipe_of(kind, spec)
@@ -267,22 +278,31 @@ def build_trained_head(target, directory: Path, kind: str, *, checkpoint_s: floa
         notes = getattr(module, "notes", None)
         if notes is not None:
             data.update(notes(head, kind, training_sequences, measured))
-        # The head trains where the target ran (its features came from there), in float32: said, since a GPU
-        # trains in minutes what 2 CPU cores train in an hour.
-        device = target.device
+        # The head trains where the target ran (its features came from there), in float32, unless told to train on
+        # the host: said, since a GPU trains in minutes what 2 CPU cores train in an hour.
+        device = target.device if train_device == "target" else torch.device("cpu")
         trained_on = training_device_name(device)
         log.info("%s: the %s head trains on %s in float32", target.name, kind, trained_on)
-        head = place(head, module, kind, device)
-        labels.to(device)
-        losses, training_s = train(head, labels, training_sequences, kind, recipe, staging, identity,
-                                   checkpoint_s=checkpoint_s, on_step=on_step)
-        measuring_started = time.perf_counter()
-        # as many greedy training answers as held-out ones, measured the same way: the gap is what training fitted
-        sample = [training_sequences[i] for i in training_sample(len(greedy_set), len(measured))]
-        positions = chain_positions(module, kind, recipe)
-        trained = acceptance(head, module, labels, sample, kind, positions)
-        held = acceptance(head, module, labels, measured, kind, positions)
-        measuring_s = time.perf_counter() - measuring_started
+        try:
+            head = place(head, module, kind, device)
+            if getattr(module, "READS_LABELS", True):  # Medusa's hard labels never read the target's lm_head copy
+                labels.to(device)
+            losses, training_s = train(head, labels, training_sequences, kind, recipe, staging, identity,
+                                       checkpoint_s=checkpoint_s, on_step=on_step)
+            measuring_started = time.perf_counter()
+            # as many greedy training answers as held-out ones, measured the same way: the gap is what training
+            # fitted
+            sample = [training_sequences[i] for i in training_sample(len(greedy_set), len(measured))]
+            positions = chain_positions(module, kind, recipe)
+            trained = acceptance(head, module, labels, sample, kind, positions)
+            held = acceptance(head, module, labels, measured, kind, positions)
+            measuring_s = time.perf_counter() - measuring_started
+        except torch.cuda.OutOfMemoryError as error:
+            # the checkpoint train() writes on the way out (between two updates) resumes it on the host
+            first = (str(error).strip().splitlines() or [""])[0][:120]
+            raise SpecbenchError(f"training the {kind} head on {trained_on} ran out of GPU memory beside the "
+                                 f"target ({first}); train it on the host instead: "
+                                 f"{rebuild_command(target, directory, kind, spec)} --train-device cpu") from None
     manifest = {
         "kind": f"trained {kind} head",
         "target": {"name": target.name, "source": target.source, "layers": target.num_layers},

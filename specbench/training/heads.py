@@ -23,7 +23,8 @@ A method's module defines (the contract the trainer calls):
     save(head, kind, directory), load(target, directory, kind)
 
 and optionally ``place(head, kind, device)`` (the head on the device it trains on, where ``Module.to`` does not
-move all it reads: Hydra's copy of the target's embedding), ``NULLABLE[kind]`` (method settings that may also be
+move all it reads: Hydra's copy of the target's embedding), ``READS_LABELS = False`` (its loss and chain never
+read ``Labels``, which then stay on the host: Medusa's), ``NULLABLE[kind]`` (method settings that may also be
 null), ``check(kind, settings)`` (ranges the types cannot say; raises SpecbenchError), ``batch_depth(kind, recipe)`` (label positions a batch must reach past
 each index; default EVAL_POSITIONS), ``chain_length(kind, recipe)`` (the draft positions the method's chain has, when
 fewer than EVAL_POSITIONS: acceptance is measured at those alone), ``draft_ids(head, kind)`` (the target ids of a reduced draft vocabulary, whose

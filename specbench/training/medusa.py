@@ -79,6 +79,11 @@ def _check_kind(kind: str) -> None:
         raise SpecbenchError(f"Medusa head kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
 
 
+# Medusa-1 trains on the data's tokens (hard labels): the trainer need not put the target's lm_head copy (Labels,
+# vocabulary x hidden in float32) on the training device.
+READS_LABELS = False
+
+
 def feature_layers(kind: str, num_layers: int, recipe) -> tuple[int, ...]:
     """The final, post-norm state (layer ``num_layers``): what Medusa's heads read (medusa_model.py:194-207)."""
     _check_kind(kind)
