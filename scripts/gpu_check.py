@@ -346,14 +346,14 @@ def big_model_rows(check: Check) -> list[Row]:
         verdict = loop_verify_verdict(check, model)
     except Exception as error:  # noqa: BLE001
         verdict = ("FAIL", f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}")
-    rows.append(Row("3 loop verify vs one pass (want <= 1.5x)", *verdict, time.perf_counter() - began))
+    rows.append(Row("3 loop verify vs its own pass (want <= 1.5x)", *verdict, time.perf_counter() - began))
     del model, target
     if check.cuda:
         torch.cuda.empty_cache()
     return rows
 
 
-LOOP_VERIFY_LIMIT = 1.5  # the loop's verify_s may exceed one pass timed alone by this factor (fences, uploads)
+LOOP_VERIFY_LIMIT = 1.5  # the loop's verify_s may exceed the pass inside it by this factor (fence, read, uploads)
 
 
 class PassTimes:
@@ -396,12 +396,15 @@ class PassTimes:
 
 
 def loop_verify_verdict(check: Check, model) -> tuple[str, str]:
-    """The verify_s that the loop records per step against one verify pass of the same size timed alone at the same
-    context (``Decoder.measure_verify_latency``): the loop's figure is what every report divides by, so it must be
-    the pass's cost, not the pass plus something the loop does around it. Greedy AR and PLD over a repeated random
-    prompt; each step's ratio to the lone pass of its size, the median per drafter. The passes inside the loop are
-    split into the host's queuing time and, on a GPU, the device's time (``PassTimes``), which tells a slow host
-    (Python, launches) from slow kernels. Judged on a GPU only (``ratio_verdict``)."""
+    """The verify_s that the loop records per step against the pass inside it: every report divides by verify_s,
+    so it must be the pass's cost, not the pass plus something the loop does around it. Greedy AR and PLD over a
+    repeated random prompt; each step's verify_s is set beside that same pass's own time (``PassTimes``: the
+    host's queuing of it and, on a GPU, the device's span of it, whichever is longer), so the host's speed drifting
+    between two measurements cannot move the ratio. The first H200 run compared the loop with a pass timed alone
+    afterwards and saw ratios of 2.13x (AR) and 0.48x (PLD) in one run: a 7B eager forward at these sizes is bound
+    by the host's kernel launches, whose speed moved 2-3x within seconds. The lone pass is still reported, and a
+    pass whose device span is no longer than its queuing is named host-bound (the device waited for the launches).
+    Judged on a GPU only (``ratio_verdict``)."""
     prompt = random_prompt(96, 4) * 3
     new_tokens = 32 if check.quick else 64
     medians, found = {}, []
@@ -409,16 +412,22 @@ def loop_verify_verdict(check: Check, model) -> tuple[str, str]:
         with PassTimes(model.target, check.cuda) as passes:
             generation = decoder(model.target).generate(prompt, drafter, new_tokens)
         steps = generation.steps[1:]
+        launch, device = passes.launch_s[1:], passes.device_s[1:]  # [0] is the prefill's
+        if len(launch) != len(steps):
+            raise RuntimeError(f"{name}: {len(launch)} verify passes for {len(steps)} steps: one pass a step expected")
+        own = [max(queued, device[index] if device else 0.0) for index, queued in enumerate(launch)]
+        medians[name] = float(np.median([step.verify_s / seconds for step, seconds in zip(steps, own)]))
         context = int(np.median([step.context_len for step in steps]))
         alone = decoder(model.target).measure_verify_latency(
             (prompt * 2)[:context], sorted({step.verify_tokens for step in steps}), repeats=2 if check.quick else 5)
-        medians[name] = float(np.median([step.verify_s / alone[step.verify_tokens] for step in steps]))
         text = (f"{name}: {len(steps)} steps at ~{context} ctx, loop verify "
-                f"{np.median([step.verify_s for step in steps]) * 1e3:.1f} ms vs alone "
-                f"{np.median([alone[step.verify_tokens] for step in steps]) * 1e3:.1f} ms "
-                f"(median ratio {medians[name]:.2f}x), host queues the pass in {np.median(passes.launch_s[1:]) * 1e3:.1f} ms")
-        if passes.device_s:  # [0] is the prefill's
-            text += f", device span {np.median(passes.device_s[1:]) * 1e3:.1f} ms"
+                f"{np.median([step.verify_s for step in steps]) * 1e3:.1f} ms vs its pass "
+                f"{np.median(own) * 1e3:.1f} ms (median ratio {medians[name]:.2f}x); the pass: host queues it in "
+                f"{np.median(launch) * 1e3:.1f} ms")
+        if device:
+            bound = "host-bound" if np.median(device) <= 1.05 * np.median(launch) else "device-bound"
+            text += f", device span {np.median(device) * 1e3:.1f} ms ({bound})"
+        text += f"; the same size alone afterwards {np.median([alone[step.verify_tokens] for step in steps]) * 1e3:.1f} ms"
         found.append(text)
     status = ratio_verdict(medians, judged=check.cuda)
     if status == "FAIL":
@@ -431,7 +440,7 @@ def loop_verify_verdict(check: Check, model) -> tuple[str, str]:
 
 
 def ratio_verdict(medians: dict[str, float], judged: bool, limit: float = LOOP_VERIFY_LIMIT) -> str:
-    """FAIL when a drafter's median ratio of the loop's verify to the lone pass is over ``limit`` and the row is
+    """FAIL when a drafter's median ratio of the loop's verify to its own pass is over ``limit`` and the row is
     ``judged`` (on a GPU; a CPU shared with other jobs times single passes too loosely to judge).
 
     Example: {"ar": 1.1, "pld": 3.1} judged -> FAIL; not judged -> PASS."""
