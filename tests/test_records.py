@@ -50,7 +50,9 @@ def test_records_follow_spec_bench_model_answer_schema():
     assert line["specbench"] == {"task": "mt_bench", "identical_to_baseline": True, "drafted_tokens": 6,
                                  "draft_depths": [0, 3, 0, 3], "mismatch": None,
                                  # vLLM's per-request histogram: both turns' 3-deep drafts accepted 1 token
-                                 "acceptance_histogram": [0, 2, 0, 0]}
+                                 "acceptance_histogram": [0, 2, 0, 0],
+                                 # each turn's first step (its prefill): draft, verify and overhead seconds
+                                 "prefill_s": [0.01, 0.01]}
 
 
 def test_step_columns_are_pinned_to_the_schema_version():

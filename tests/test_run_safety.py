@@ -23,7 +23,7 @@ from specbench.errors import SpecbenchError
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
 from specbench.artefacts.gguf_conversion import CHECKSUM_FILE, converted_copy_problem, gguf_digest
 from specbench.results.console import format_summary_table
-from specbench.results.readers import read_answers
+from specbench.results.readers import read_answers, read_run_results
 from specbench.storage.run_lock import LOCK_NAME, RunLock
 from specbench.run.identity import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings
 from specbench.runner import run_benchmark
@@ -455,11 +455,40 @@ def test_a_run_on_a_busy_machine_is_flagged_in_summary_and_table():
     assert "TIMINGS UNTRUSTWORTHY (busy machine, 1 warning(s)): question 4" in format_summary_table(summary)
 
 
+def test_a_long_prefill_before_a_short_answer_is_not_a_slow_machine():
+    """The AR speed the check compares is the one after each turn's prefill: Spec-Bench's rag question 1022 on the
+    embedded model, 21 tokens after a 664-token prompt, took 2.72 s of which 1.39 s was the prefill (7.7 tok/s
+    overall, 15.0 decoding), beside questions decoding at about 25 tok/s. An answer without ``prefill_s`` (written
+    before it was recorded) is read over its whole wall time, as before."""
+    from specbench.measure.machine import decoding_speed, slow_baseline_warnings
+
+    def with_prefill(question_id, tokens, seconds, prefill):
+        line = answer_line(question_id, tokens, seconds, 0.1)
+        line["specbench"]["prefill_s"] = [prefill]
+        return line
+
+    quiet = [with_prefill(q, 100, 4.0, 0.1) for q in (1, 2, 3)]
+    long_prompt = with_prefill(1022, 21, 2.72, 1.39)
+    assert round(decoding_speed(long_prompt), 1) == 15.0
+    assert slow_baseline_warnings([*quiet, long_prompt]) == []
+    unrecorded = answer_line(1022, 21, 2.72, 0.1)
+    assert round(decoding_speed(unrecorded), 1) == 7.7
+    assert slow_baseline_warnings([*quiet, unrecorded]) == [
+        "question 1022: AR ran at 7.7 tok/s, under 50% of the run's median 25.4"]
+    collapsed = with_prefill(5, 100, 30.0, 0.1)  # a slow decode stays flagged, prefill or not
+    assert slow_baseline_warnings([*quiet, collapsed])[0].startswith("question 5: AR ran at 3.3 tok/s")
+    assert decoding_speed(with_prefill(6, 1, 0.5, 0.4)) is None  # nothing decoded after the prefill
+
+
 def test_summaries_record_the_timing_check_and_each_question_its_contention(tmp_path):
     summary = run_benchmark(compose(TINY), str(tmp_path))
     assert set(summary["timing"]) == {"trustworthy", "warnings", "threads", "usable_cores", "other_load"}
     assert summary["timing"]["threads"] == torch.get_num_threads()
     (record,) = read_answers(tmp_path)
     assert set(record["specbench"]["contention"]) == {"other_cores", "threads", "usable_cores"}
+    (baseline,) = read_run_results(tmp_path, True).baseline
+    for answer in (record, baseline):  # each turn's prefill, inside its wall time
+        prefill, wall = answer["specbench"]["prefill_s"], answer["choices"][0]["wall_time"]
+        assert len(prefill) == len(wall) and all(0 < part < seconds for part, seconds in zip(prefill, wall))
     settings = json.loads((tmp_path / "run.json").read_text())
     assert settings["threads"] == summary["timing"]["threads"] and len(settings["weights_fingerprint"]) == 16

@@ -113,6 +113,10 @@ class Answer:
             "acceptance_histogram": metrics.acceptance_histogram(lengths, depths),
             "mismatch": None if mismatch is None else mismatch.to_dict(),
         }
+        if all(steps for steps in self.steps):
+            # Per turn, the prefill's seconds (the first step: the prompt's pass): a long prompt's prefill is
+            # most of a short answer's wall time, which the busy-machine check must not read as a slow machine.
+            ours["prefill_s"] = [prefill_seconds(steps[0]) for steps in self.steps]
         if self.peak_gpu_memory_bytes is not None:
             ours["peak_gpu_memory_bytes"] = self.peak_gpu_memory_bytes
         return {
@@ -131,6 +135,13 @@ class Answer:
             for turn, steps in enumerate(self.steps)
             for step in steps
         ]
+
+
+def prefill_seconds(step: StepRecord) -> float | None:
+    """The seconds of a turn's first step (the prefill: drafting, the prompt's pass and its bookkeeping); None when
+    the step has no timings."""
+    parts = [getattr(step, name) for name in TIMING_FIELDS]
+    return None if any(part is None for part in parts) else float(sum(parts))
 
 
 def original_passes(steps: list[StepRecord]) -> list[StepRecord]:

@@ -146,6 +146,10 @@ def _specbench_problem(ours, kind: LineKind) -> str | None:
     if contention is not None and not (isinstance(contention, dict) and (contention.get("other_cores") is None
                                                                          or is_seconds(contention["other_cores"]))):
         return "has a specbench.contention without a number of other_cores"
+    prefill = ours.get("prefill_s")
+    if prefill is not None and not (isinstance(prefill, list) and all(part is None or is_seconds(part)
+                                                                       for part in prefill)):
+        return "has a specbench.prefill_s that is not a list of seconds (one per turn)"
     if ours.get("peak_gpu_memory_bytes") is not None and not is_count(ours["peak_gpu_memory_bytes"]):
         return "has a specbench.peak_gpu_memory_bytes that is not a byte count"
     return None
