@@ -107,7 +107,9 @@ assert Version(transformers.__version__) == Version('$version'), transformers.__
 assert specbench.__file__.startswith('$repo/'), specbench.__file__
 print(f'floor_env: transformers {transformers.__version__}, specbench from $repo', file=sys.stderr)"
     status=0
-    in_env -m pytest -q "${CONTRACT_TESTS[@]}" "$@" || status=$?
+    # The default suite's contract tests and the slow ones marked `floor` (the other architectures, shape padding:
+    # behind slow for the default run's time, not because the oldest transformers may skip them).
+    in_env -m pytest -q -m "not slow or floor" "${CONTRACT_TESTS[@]}" "$@" || status=$?
     # pytest's 5: nothing collected (every test deselected, say). It fails CI like a failed test, and says why.
     if [ "$status" -eq 5 ]; then
       echo "floor_env: no test collected from ${CONTRACT_TESTS[*]}; nothing was checked under" \

@@ -139,6 +139,7 @@ def test_resume_with_other_settings_is_refused_and_keeps_the_results(finished_ru
     assert (run_dir / "answers.jsonl").read_text() == before
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_a_resumed_budget_run_reuses_its_calibration_and_is_named_as_tuned(tmp_path):
     """The draft budget decides from the verify latencies calibrated at the start: a resumed run takes them from
     verify_latency.json instead of measuring another question on a machine in another state."""
@@ -195,6 +196,7 @@ def test_malformed_question_line(tmp_path):
     pytest.param("run.top_p=0", "run.top_p must be in (0, 1], got 0", marks=pytest.mark.slow),
     pytest.param("run.top_p=1.5", "run.top_p must be in (0, 1], got 1.5", marks=pytest.mark.slow),
 ])
+@pytest.mark.slow  # three CLI processes: moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_bad_settings(tmp_path, override, message):
     assert message in one_line_error(specbench(*TINY, override, f"hydra.run.dir={tmp_path}"))
 
@@ -292,6 +294,7 @@ def rest_refusal(*overrides) -> str:
     return str(refused.value)
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_datastore_problems_name_the_file_and_the_fix(tmp_path):
     missing = one_line_error(specbench(*TINY, "drafter=rest", f"drafter.datastore={tmp_path}/none",
                                        f"hydra.run.dir={tmp_path / 'r1'}"))
@@ -312,6 +315,7 @@ def test_datastore_problems_name_the_file_and_the_fix(tmp_path):
     assert "holds no text" in nothing and "empty.txt" in nothing
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_hd_records_which_database_supplied_the_accepted_tokens(tmp_path):
     from specbench.testing import SMALL_MODEL_DB
 

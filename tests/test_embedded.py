@@ -8,6 +8,9 @@ from specbench.config import compose
 from specbench.models import load_embedded_gguf
 from specbench.runner import run_benchmark
 
+# The embedded model is 135M parameters: its run (about 20 s) goes behind slow, as the contract and fidelity tests
+# use tiny-random, to keep the default run under 8 minutes on 2 cores (CI runs the slow tests).
+pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def embedded_run(tmp_path_factory):

@@ -164,6 +164,7 @@ def test_hds_model_database_prompt_source_is_named_and_oasst1_is_walked_as_hds_s
     assert prompt_sets.model_db_prompts("hf:OpenAssistant/oasst1") == ["Q?", "A."]  # construct_model_DB.py:61
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_a_runs_summary_names_the_prompts_of_hds_model_database(tmp_path):
     from test_cli import TINY, specbench
 

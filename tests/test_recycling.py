@@ -150,6 +150,7 @@ def test_the_loop_hands_the_drafter_the_targets_top_k_of_every_prompt_position(t
         assert top[:, 0].tolist() == logits.argmax(-1)[-rows:].tolist()
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_a_resumed_run_continues_from_the_saved_matrix(tmp_path):
     from test_cli import assert_a_resumed_run_continues_the_state
 

@@ -129,6 +129,7 @@ def test_an_empty_or_cut_run_json_is_one_line_naming_it(tmp_path):
             run_benchmark(compose([*TINY, "task.limit_per_task=2"]), str(tmp_path))
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_a_cli_run_refused_for_its_settings_leaves_hydra_files_and_log_alone(tmp_path):
     """Hydra used to rewrite .hydra/overrides.yaml before specbench refused the run, and analysis then labelled
     the old results with the refused overrides."""
@@ -180,6 +181,7 @@ def test_a_second_run_into_a_locked_directory_is_refused_naming_the_holder(tmp_p
     assert len(read_answers(tmp_path)) == 1
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_two_processes_cannot_run_into_one_directory(tmp_path):
     """Both exited 0 before, with every answer written twice. The first process holds the directory through a
     long warm-up; the second run, started meanwhile, is refused naming it."""

@@ -355,6 +355,7 @@ LAST_RESORT = {
 }
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 @pytest.mark.parametrize("error, status, line", LAST_RESORT.values(), ids=LAST_RESORT.keys())
 def test_a_write_refused_anywhere_is_exit_2_and_one_line_and_a_bug_keeps_its_traceback(tmp_path, error, status,
                                                                                         line):

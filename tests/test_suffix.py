@@ -187,6 +187,7 @@ def test_bad_settings_name_the_key(override, message):
         SuffixDecoding(**override)
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_the_warm_up_leaves_the_global_tree_empty(tmp_path):
     from test_cli import TINY, specbench
 

@@ -111,6 +111,7 @@ def assert_same_outputs(one: dict, two: dict, drafters: list[str]) -> None:
         assert all(new_tokens for _, _, new_tokens, _ in one[drafter])
 
 
+@pytest.mark.slow  # the placements' torchrun processes (about 20 s): behind slow for the default run's 8 minutes (CI runs it)
 def test_these_drafters_give_one_process_output_under_tensor_parallelism(placements):
     assert set(DEFAULT_DRAFTERS) <= set(DRAFTERS)
     one, two, _ = placements
@@ -123,6 +124,7 @@ def test_every_drafter_config_gives_one_process_output_under_tensor_parallelism(
     assert_same_outputs(one, two, DRAFTERS)
 
 
+@pytest.mark.slow  # the placements' torchrun processes (about 20 s): behind slow for the default run's 8 minutes (CI runs it)
 def test_rank_zero_alone_writes_and_records_the_placement(placements):
     _, _, root = placements
     run_dirs = sorted((root / "two").glob("*/run.json"))
@@ -150,6 +152,7 @@ EXPECTED_SHARDS = {
 }
 
 
+@pytest.mark.slow  # the placements' torchrun processes (about 20 s): behind slow for the default run's 8 minutes (CI runs it)
 def test_each_process_holds_a_shard_of_the_expected_shape(placements):
     """Equal outputs would hold for two whole copies too: each process must hold half of every sharded weight."""
     _, _, root = placements
@@ -221,6 +224,7 @@ def test_placements_that_cannot_run_are_one_line(overrides, message):
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.slow  # torchrun processes: moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 @pytest.mark.parametrize("overrides,message", [
     ([], "model.tp_plan is null"),
     (["model.tp_plan=auto", "run.draft_budget=auto"], "run.draft_budget=auto decides every step"),

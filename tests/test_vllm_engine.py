@@ -165,6 +165,7 @@ def error_line(result: subprocess.CompletedProcess) -> str:
     return line
 
 
+@pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)
 def test_engine_vllm_without_vllm_is_one_line_naming_the_script_and_leaves_no_directory(tmp_path):
     import importlib.util
 
