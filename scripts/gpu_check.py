@@ -415,7 +415,7 @@ def loop_verify_verdict(check: Check, model) -> tuple[str, str]:
         launch, device = passes.launch_s[1:], passes.device_s[1:]  # [0] is the prefill's
         if len(launch) != len(steps):
             raise RuntimeError(f"{name}: {len(launch)} verify passes for {len(steps)} steps: one pass a step expected")
-        own = [max(queued, device[index] if device else 0.0) for index, queued in enumerate(launch)]
+        own = [max(queued, spanned) for queued, spanned in zip(launch, device or [0.0] * len(launch))]
         medians[name] = float(np.median([step.verify_s / seconds for step, seconds in zip(steps, own)]))
         context = int(np.median([step.context_len for step in steps]))
         alone = decoder(model.target).measure_verify_latency(

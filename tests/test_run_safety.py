@@ -462,7 +462,8 @@ def test_a_long_prefill_before_a_short_answer_is_not_a_slow_machine():
     embedded model, 21 tokens after a 664-token prompt, took 2.72 s of which 1.39 s was the prefill (7.7 tok/s
     overall, 15.0 decoding), beside questions decoding at about 25 tok/s. An answer without ``prefill_s`` (written
     before it was recorded) is read over its whole wall time, as before."""
-    from specbench.measure.machine import decoding_speed, slow_baseline_warnings
+    from specbench.measure.machine import slow_baseline_warnings
+    from specbench.measure.metrics import answer_decoding_rate as decoding_speed
 
     def with_prefill(question_id, tokens, seconds, prefill):
         line = answer_line(question_id, tokens, seconds, 0.1)

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specbench.measure import metrics
+
 # Other processes may keep this many cores busy beyond what the run's threads leave free before its timings are
 # flagged: a background daemon's blips stay under it, a process spinning on a core does not.
 CONTENTION_SLACK_CORES = 0.5
@@ -222,10 +224,10 @@ class TimingCheck:
 
 def slow_baseline_warnings(baseline_answers: list[dict]) -> list[str]:
     """Questions whose AR baseline decoded at under SLOW_BASELINE_FRACTION of the run's median AR speed, each
-    answer's speed after its prefill (``decoding_speed``)."""
+    answer's speed after its prefill (``metrics.answer_decoding_rate``)."""
     rates = {}
     for record in baseline_answers:
-        rate = decoding_speed(record)
+        rate = metrics.answer_decoding_rate(record)
         if rate is not None:
             rates[record["question_id"]] = rate
     if len(rates) < 3:  # a median of fewer is no reference
@@ -234,17 +236,3 @@ def slow_baseline_warnings(baseline_answers: list[dict]) -> list[str]:
     return [f"question {question}: AR ran at {rate:.1f} tok/s, under {SLOW_BASELINE_FRACTION:.0%} of the run's "
             f"median {median:.1f}" for question, rate in rates.items() if rate < SLOW_BASELINE_FRACTION * median]
 
-
-def decoding_speed(record: dict) -> float | None:
-    """Tokens per second of an answer record after its prefill: the new tokens but each turn's first (the
-    prefill's own) over the wall time less the prefill seconds (``specbench.prefill_s``). A record without them
-    (written before they were, or without timings) gives its tokens over its whole wall time. None when there is no
-    time to divide by.
-
-    Example: 21 tokens in 2.72 s with a 1.39 s prefill -> 20 / 1.33 = 15.0 tok/s (not 7.7)."""
-    choice = record["choices"][0]
-    tokens, seconds = sum(choice["new_tokens"]), sum(choice["wall_time"])
-    prefill = (record.get("specbench") or {}).get("prefill_s")
-    if prefill and len(prefill) == len(choice["wall_time"]) and all(isinstance(part, (int, float)) for part in prefill):
-        tokens, seconds = tokens - len(prefill), seconds - sum(prefill)
-    return tokens / seconds if seconds > 0 and tokens > 0 else None

@@ -308,6 +308,21 @@ def answer_rate(record: dict) -> float:
     return tokens_per_second(choice["new_tokens"], choice["wall_time"])
 
 
+def answer_decoding_rate(record: dict) -> float | None:
+    """tokens/s of one model_answer record after each turn's prefill: the new tokens but each turn's first (the
+    prefill's own) over the wall time less the prefill seconds (``specbench.prefill_s``). A record without them
+    (written before they were, Spec-Bench's own, or without timings) gives ``answer_rate``. None when there is no
+    time or no token to divide.
+
+    Example: 21 tokens in 2.72 s with a 1.39 s prefill -> 20 / 1.33 = 15.0 tok/s (``answer_rate``: 7.7)."""
+    choice = record["choices"][0]
+    tokens, seconds = sum(choice["new_tokens"]), sum(choice["wall_time"])
+    prefill = (record.get("specbench") or {}).get("prefill_s")
+    if prefill and len(prefill) == len(choice["wall_time"]) and all(isinstance(part, (int, float)) for part in prefill):
+        tokens, seconds = tokens - len(prefill), seconds - sum(prefill)
+    return tokens_per_second([tokens], [seconds]) if seconds > 0 and tokens > 0 else None
+
+
 def answer_accept_lengths(record: dict) -> list[int]:
     """The per-step accept lengths of one model_answer record, every turn."""
     return list(record["choices"][0]["accept_lengths"])
