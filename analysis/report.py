@@ -20,11 +20,12 @@ from analysis.compare import AGREEMENT, compare_table, mat_figure, mat_pairs
 from analysis.compare import number_text
 from analysis.published import select_published
 from analysis.tables import (ACCEPTANCE_LEGEND, acceptance_cells, acceptance_headers, acceptance_table, formatted,
-                             leaderboard)
+                             leaderboard, stall_line, stalled_mask)
 from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirement_notes, requirements,
                                  shown_requirements, shown_token_costs, token_cost_notes, token_costs)
 from specbench.questions import TASKS
 from specbench.errors import SpecbenchError
+from specbench.run.locked_versions import describe as describe_lock
 
 STYLE = f"""
 body {{ font-family: sans-serif; max-width: {PAGE_PX}px; margin: 2em auto; padding: 0 1em; color: #222; }}
@@ -39,9 +40,10 @@ img {{ max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }}
 """
 
 # The environment fields every run shows (summary.json's ``environment``), and those shown only when recorded.
-ENVIRONMENT_FIELDS = ("device", "dtype", "threads", "git_sha", "python", "torch", "transformers", "specbench", "cuda")
+ENVIRONMENT_FIELDS = ("device", "dtype", "threads", "git_sha", "python", "torch", "transformers", "specbench", "cuda",
+                      "versions_vs_lock")
 OPTIONAL_ENVIRONMENT_FIELDS = ("cuda_driver", "cuda_device_count", "cuda_visible_devices", "gpus", "gpus_not_used")
-ENVIRONMENT_HEADERS = (("device", "machine (CPU or GPU)"),)
+ENVIRONMENT_HEADERS = (("device", "machine (CPU or GPU)"), ("versions_vs_lock", "software against the lock"))
 # Where a run's summary.json has no environment (older schemas), run.json still records these.
 RUN_JSON_FIELDS = ("dtype", "threads")
 
@@ -71,7 +73,21 @@ def run_environment(run_dir: str) -> dict:
     for key in RUN_JSON_FIELDS:
         if environment.get(key) is None and settings.get(key) is not None:
             environment[key] = settings[key]
+    if environment:
+        environment["versions_vs_lock"] = describe_lock(environment.get("versions_vs_lock"))
     return environment
+
+
+def off_lock_warning(environments: dict[str, dict]) -> str:
+    """A warning naming the runs measured with software other than the lock's (``specbench.run.locked_versions``),
+    which the test suite was not run with; empty when none was."""
+    off = {name: text for name, text in environments.items()
+           if " differ from " in str(text.get("versions_vs_lock", ""))}
+    if not off:
+        return ""
+    lines = "; ".join(f"{name}: {text['versions_vs_lock']}" for name, text in off.items())
+    return (f"<p class='warning'>Measured with versions other than the lock's, which the test suite last passed with "
+            f"({len(off)} of {len(environments)} runs): {html.escape(lines)}.</p>")
 
 
 def run_names(run_dirs) -> dict[str, str]:
@@ -88,11 +104,11 @@ def environment_section(run_dirs) -> str:
     """The machine, device, dtype, threads, commit and software the runs were made with: what they share, then
     one row per distinct environment naming its runs."""
     names = run_names(run_dirs)
-    shared, differing = environment_rows({names[str(run)]: run_environment(run) for run in run_dirs},
-                                         ENVIRONMENT_FIELDS, OPTIONAL_ENVIRONMENT_FIELDS)
+    environments = {names[str(run)]: run_environment(run) for run in run_dirs}
+    shared, differing = environment_rows(environments, ENVIRONMENT_FIELDS, OPTIONAL_ENVIRONMENT_FIELDS)
     layout = TableLayout(id_columns=(), headers=ENVIRONMENT_HEADERS,
                          missing_default="not recorded, or none (a CPU run has no CUDA)")
-    parts = ["<h2>Environment</h2>"]
+    parts = ["<h2>Environment</h2>", off_lock_warning(environments)]
     if shared:
         caption = "Shared by every run" if not differing.empty else "Every run"
         parts.append(render_table(pd.DataFrame([shared]), caption, layout))
@@ -210,11 +226,13 @@ def _notes(lines: list[str]) -> str:
 
 
 def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title: str = "specbench report",
-                 problems: list[str] | tuple = (), load: pd.DataFrame | None = None) -> Path:
+                 problems: list[str] | tuple = (), load: pd.DataFrame | None = None,
+                 stalls_left_out: str | None = None) -> Path:
     """Write ``out`` (an .html file) and return it. Runs whose timings are flagged as untrustworthy (busy
-    machine) are listed in a box at the top and marked in the tables; ``problems`` (``LoadedRuns.problems``:
-    runs and files left out, and why) are listed in another. ``load`` (``LoadedRuns.load``) adds a section for
-    runs under load when any run has load.jsonl. The throughput model leaves out runs without per-step times
+    machine) are listed in a box at the top and marked in the tables; so are the stalled questions the tables
+    keep (``analysis.tables.stalled_mask``), or, when --leave-out-stalled left them out, ``stalls_left_out`` (its
+    notice) says so; ``problems`` (``LoadedRuns.problems``: runs and files left out, and why) are listed in another.
+    ``load`` (``LoadedRuns.load``) adds a section for runs under load when any run has load.jsonl. The throughput model leaves out runs without per-step times
     (``analysis.runs.timed_steps``; ``problems`` says which)."""
     runs = sorted({*questions.run_dir.unique(), *(load.run_dir.unique() if has_load(load) else ())})
     sections = [f"<h1>{html.escape(title)}</h1>",
@@ -229,6 +247,15 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
             f"Timing UNTRUSTED for {len(flagged)} run(s): their summary.json flags a busy machine (other processes "
             "on the cores, or AR passes far slower than the run's median). Their numbers are shown as measured, "
             "marked UNTRUSTED in the tables, and are not comparable with the others.", flagged))
+    stalled = questions[stalled_mask(questions)]
+    if not stalled.empty:
+        sections.append(_warning_box(
+            f"Stalled: {len(stalled)} question(s) whose stalled steps (target passes far slower than the run's own "
+            "passes of their size) lost more than run.stall_share of the method's or AR's time. They are kept in the "
+            "numbers below and flagged (python -m analysis report --leave-out-stalled leaves them out).",
+            [f"{row.model} {row.label}: {stall_line(row)}" for row in stalled.itertuples()]))
+    if stalls_left_out:
+        sections.append(_warning_box("Left out on request:", [stalls_left_out]))
     if problems:
         sections.append(_warning_box("Left out, in whole or in part:", list(problems)))
     if not questions.empty:

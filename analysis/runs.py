@@ -27,8 +27,10 @@ What bad inputs do (every message names the file; none stops the others' tables)
   analyses of step times (``timed_steps``: latency breakdown, throughput model, cost per token, draft latency),
   with one warning saying why;
 * load.jsonl (a run under load, ``specbench.results.load``) is read into ``LoadedRuns.load``, one row per level
-  and role; a line that is not a level of that schema, or repeats a (concurrency, role), is left out, named in
-  one warning per file.
+  and role, by the reader resuming uses too (``read_load_lines``): a line that is not a level (garbled, not an
+  object, no role, a concurrency that is not a number, an impossible figure), repeats a (concurrency, role), or
+  was measured over other questions or after another warm-up than the file's first is left out, named in one
+  warning per file, exactly as resuming leaves it out.
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ import pandas as pd
 import yaml
 
 from specbench.measure import metrics
+from specbench.measure.stalls import STALLED, describe, stall_verdict
 from specbench.questions import task_of
 from specbench.errors import SpecbenchError, damage_reason
 from specbench.results.question_keys import question_key
-from specbench.results.load import LOAD_FILE, read_load_levels
+from specbench.results.load import read_load_lines
 from specbench.results.readers import (read_json_file, read_jsonl_records, read_result_lines, read_run_results,
                                        run_question_ids)
 from specbench.results.schema import STEP_COLUMNS, SUMMARY_KEYS, SUPPORTED_SCHEMAS, TIMING_FIELDS
@@ -65,10 +68,12 @@ RUN_COLUMNS = ["run_dir", "model", "drafter", "label", "trustworthy", "timing_wa
 # and length; drafted: candidate draft tokens verified (None in records that lack the count); mismatch: how the
 # answer first differs from the baseline's (near_tie, violation, not_checked), None when it does not or when
 # the record does not say; draft_depths: the per-step draft depths, parallel to accept_lengths (None in records
-# that lack them, unless the run's steps.parquet gives them).
+# that lack them, unless the run's steps.parquet gives them); stalls: the answer's verdict on stalls inside it
+# (``specbench.measure.stalls.stall_verdict``: stalled, no stalls, not measured, not checked), stall_detail: what
+# stalled (``stalls.describe``), "" unless stalled.
 QUESTION_COLUMNS = [*RUN_COLUMNS, "question_id", "task", "category", "tokens", "seconds", "tokens_per_s",
                     "baseline_tokens", "baseline_seconds", "baseline_tokens_per_s", "identical", "mismatch",
-                    "accept_lengths", "accepted", "steps", "drafted", "draft_depths"]
+                    "accept_lengths", "accepted", "steps", "drafted", "draft_depths", "stalls", "stall_detail"]
 
 # Schema 2 wrote the run.* settings flat at the top of run.json; schema 3 nests them under "run". These are
 # the flat keys that are run.* settings, so both layouts flatten to the same names.
@@ -496,9 +501,8 @@ DISTRIBUTION_KEYS = ("mean", "p50", "p90", "p99")
 LOAD_LEVEL_COLUMNS = ["concurrency", "role", "method", "requests", "output_tokens", "duration_s",
                       "output_tokens_per_s", "requests_per_s",
                       *(f"{name}_{key}" for name in DISTRIBUTIONS for key in DISTRIBUTION_KEYS),
-                      "mean_acceptance_length", "acceptance_by_position", "identical_to_baseline"]
+                      "mean_acceptance_length", "per_position_acceptance_rate", "identical_to_baseline"]
 LOAD_COLUMNS = [*RUN_COLUMNS, *LOAD_LEVEL_COLUMNS]
-LOAD_ROLES = ("baseline", "method")
 
 # Why a run is left out of the analyses of step times when none of its steps has them.
 NO_STEP_TIMES = "no per-step times: recorded by an engine that does not expose them"
@@ -541,41 +545,19 @@ def timed_steps(steps: pd.DataFrame) -> pd.DataFrame:
     return steps[~steps.run_dir.isin(list(untimed))] if untimed else steps
 
 
-def _level_problem(level) -> str | None:
-    """What keeps a line of load.jsonl from being a level of ``specbench.results.load``'s schema, or None."""
-    if not isinstance(level, dict):
-        return "is not an object"
-    concurrency = level.get("concurrency")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        return f"has no concurrency of 1 or more ({concurrency!r})"
-    if level.get("role") not in LOAD_ROLES:
-        return f"has role {level.get('role')!r}, not baseline or method"
-    for key in ("output_tokens_per_s", "requests_per_s"):
-        value = level.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"has no number {key}"
-    return None
-
-
 def _load_rows(run: _Run, problems: list[str]) -> list[dict]:
-    """The rows of the run's load.jsonl (LOAD_COLUMNS); lines that are not levels, or repeat a (concurrency,
-    role) already read, are left out, named in one warning."""
-    rows, left_out, seen = [], [], set()
-    for number, level in enumerate(read_load_levels(run.path), start=1):
-        problem = _level_problem(level)
-        if problem is None and (level["concurrency"], level["role"]) in seen:
-            problem = f"repeats concurrency {level['concurrency']} {level['role']}"
-        if problem is not None:
-            left_out.append(f"line {number} {problem}")
-            continue
-        seen.add((level["concurrency"], level["role"]))
+    """The rows of the run's load.jsonl (LOAD_COLUMNS): its levels as the one reader resuming uses too keeps them
+    (``specbench.results.load.read_load_lines``: a damaged line, an impossible figure, a repeated level, a level
+    over other questions or warmed otherwise than the first is left out), the others named in one warning."""
+    rows = []
+    lines = read_load_lines(run.path)
+    for level in lines.levels:
         row = {**run.info, **{key: level.get(key) for key in LOAD_LEVEL_COLUMNS}}
         for name in DISTRIBUTIONS:
-            figures = level.get(name) if isinstance(level.get(name), dict) else {}
-            row.update({f"{name}_{key}": figures.get(key) for key in DISTRIBUTION_KEYS})
+            row.update({f"{name}_{key}": level[name].get(key) for key in DISTRIBUTION_KEYS})
         rows.append(row)
-    if left_out:
-        _problem(problems, f"{run.path / LOAD_FILE}: {'; '.join(left_out)}: left out")
+    if lines.warning() is not None:
+        _problem(problems, lines.warning())
     return rows
 
 
@@ -680,6 +662,7 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
         extra = record.get("specbench") or {}
         task = record_task(record)
         lengths = metrics.answer_accept_lengths(record)
+        stalls = stall_verdict(extra)
         rows.append({
             **info, "question_id": record["question_id"], "task": task, "category": record["category"],
             "tokens": sum(choice["new_tokens"]), "seconds": sum(choice["wall_time"]),
@@ -692,6 +675,7 @@ def question_rows(answers: list[dict], baseline: list[dict] | None, info: dict) 
             "accept_lengths": lengths, "accepted": sum(lengths), "steps": len(lengths),
             "drafted": metrics.answer_drafted_tokens(record),
             "draft_depths": metrics.answer_draft_depths(record),
+            "stalls": stalls, "stall_detail": describe(extra["stalls"]) if stalls == STALLED else "",
         })
     return rows
 

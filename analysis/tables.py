@@ -10,6 +10,11 @@ prefill included, of the tokens accepted per target forward pass (bonus token in
 A configuration any of whose runs summary.json flags as timed on a busy machine (timing.trustworthy false)
 keeps its numbers, marked: the Markdown and LaTeX tables get a "timing" column and a footnote line per such
 configuration naming its flagged runs and their warnings; the CSV always has "timing" and "timing_warnings".
+
+Questions whose answers record stalls inside them (``specbench.measure.stalls``: stalled steps that lost more than
+run.stall_share of the method's or AR's time) are kept in the numbers and marked: a "stalled" column counts them
+per configuration and a footnote names each; ``leave_out_stalled`` (``--leave-out-stalled``) leaves them out
+instead, with a notice saying how many and which, never silently.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import pandas as pd
 
 from analysis.runs import TIMING_OK, TIMING_UNCHECKED, TIMING_UNTRUSTED, timing_flag, timing_warnings_text
 from specbench.measure import metrics
+from specbench.measure.stalls import STALLED
 from specbench.questions import TASKS
 
 STATS = ("speedup", "mat")
@@ -36,6 +42,8 @@ RUNS = ("runs", "", "")  # the column counting the runs of a configuration
 EXACTNESS = ("questions", "identical", "near_ties", "violations")  # overall counts, summed over runs
 TIMING = ("timing", "", "")  # whether the runs' timings can be trusted (``timing_cell``)
 TIMING_WARNINGS = ("timing_warnings", "", "")  # the flagged runs and their warnings, for the footnote
+STALLED_COUNT = ("stalled", "", "")  # stalled questions kept in a configuration's numbers, summed over its runs
+STALL_NOTES = ("stall_notes", "", "")  # each of them with what stalled, for the footnote
 
 
 def _known(value):
@@ -111,7 +119,52 @@ def leaderboard(questions: pd.DataFrame) -> pd.DataFrame:
                                    for row in flagged.itertuples())
     table[TIMING] = [cells[key] for key in table.index]
     table[TIMING_WARNINGS] = [warnings[key] for key in table.index]
+    stalled = questions[stalled_mask(questions)]
+    notes = {key: " | ".join(stall_line(row) for row in rows.itertuples())
+             for key, rows in stalled.groupby(["model", "label"])}
+    counts = stalled.groupby(["model", "label"]).size()
+    table[STALLED_COUNT] = [int(counts.get(key, 0)) for key in table.index]
+    table[STALL_NOTES] = [notes.get(key, "") for key in table.index]
     return table
+
+
+def stalled_mask(questions: pd.DataFrame) -> pd.Series:
+    """Which question rows record a stalled question (``specbench.measure.stalls``); none in frames without the
+    column (Spec-Bench's files read before it existed)."""
+    if "stalls" not in questions:
+        return pd.Series(False, index=questions.index)
+    return questions.stalls == STALLED
+
+
+def stall_line(row) -> str:
+    """A stalled question row as a footnote names it: "RUN_DIR: question 101: 3 stalled steps lost ..."."""
+    return f"{row.run_dir}: question {row.question_id}: {row.stall_detail}"
+
+
+def leave_out_stalled(questions: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """``questions`` without the stalled ones (both sides of each: its speedup pairs them), and the notice saying
+    how many were left out, of which configurations, and which. A run whose timing was flagged only for questions
+    now left out (summary.json names each by "question ID: ") is no longer flagged: its remaining warnings are
+    the others."""
+    mask = stalled_mask(questions)
+    left, kept = questions[mask], questions[~mask].copy()
+    if left.empty:
+        return kept, "--leave-out-stalled: no stalled question in these runs; nothing left out"
+    for run_dir, gone in left.groupby("run_dir", sort=False):
+        rows = kept.run_dir == run_dir
+        if not rows.any() or "timing_warnings" not in kept:
+            continue
+        prefixes = tuple(f"question {question}: " for question in gone.question_id)
+        joined = kept.loc[rows, "timing_warnings"].iloc[0]
+        remaining = [warning for warning in (joined if isinstance(joined, str) else "").split("; ")
+                     if warning and not warning.startswith(prefixes)]
+        kept.loc[rows, "timing_warnings"] = "; ".join(remaining)
+        if timing_flag(kept.loc[rows, "trustworthy"].iloc[0]) == TIMING_UNTRUSTED and not remaining:
+            kept.loc[rows, "trustworthy"] = True
+    named = [f"{model} {label}: {', '.join(f'{row.run_dir} question {row.question_id}' for row in rows.itertuples())}"
+             for (model, label), rows in left.groupby(["model", "label"], sort=False)]
+    return kept, (f"--leave-out-stalled: left out {len(left)} stalled question(s) of {left.run_dir.nunique()} run(s) "
+                  f"(stalled steps lost more than run.stall_share of their time): {'; '.join(named)}")
 
 
 def acceptance_table(questions: pd.DataFrame, positions: int = SHOWN_POSITIONS) -> pd.DataFrame:
@@ -214,6 +267,20 @@ def _flagged(table: pd.DataFrame) -> pd.Series:
     return table[TIMING].astype(str).str.startswith(TIMING_UNTRUSTED)
 
 
+def stall_footnotes(table: pd.DataFrame) -> list[str]:
+    """One line per configuration of a leaderboard that keeps stalled questions, naming each; empty when none."""
+    if STALL_NOTES not in table.columns:
+        return []
+    stalled = table[table[STALLED_COUNT] > 0]
+    if stalled.empty:
+        return []
+    lines = ["stalled: questions whose stalled steps lost more than run.stall_share of the method's or AR's time "
+             "(docs/measurement.md); kept in the numbers above, flagged; --leave-out-stalled leaves them out:"]
+    for (model, label), notes in stalled[STALL_NOTES].items():
+        lines.append(f"{model} {label}: {notes}")
+    return lines
+
+
 def timing_footnotes(table: pd.DataFrame) -> list[str]:
     """One line per configuration of a leaderboard with runs timed on a busy machine, naming those runs and their
     warnings; empty when there are none."""
@@ -259,6 +326,8 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
             label = f"{task} {'speedup' if stat == 'speedup' else 'MAT'}"
             out[label] = [_cell(m, s, stat) for m, s in zip(table[(task, stat, "mean")], table[(task, stat, "std")])]
     out["identical"] = [exactness_cell(*values) for values in zip(*(table[(count, "", "")] for count in EXACTNESS))]
+    if STALLED_COUNT in table.columns and (table[STALLED_COUNT] > 0).any():
+        out["stalled"] = table[STALLED_COUNT]
     out["runs"] = table[RUNS]
     return out.reset_index()
 
@@ -271,19 +340,26 @@ def render(table: pd.DataFrame, fmt: str) -> str:
                         for column in flat.columns]
         return flat.reset_index().to_csv(index=False)
     shown = formatted(table)
-    notes = timing_footnotes(table)
+    blocks = [notes for notes in (timing_footnotes(table), stall_footnotes(table)) if notes]
     if fmt == "md":
         header = "| " + " | ".join(shown.columns) + " |"
         rule = "|" + "|".join("---" for _ in shown.columns) + "|"
         body = ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
-        footnote = ["", *(f"- {line}" if index else f"**{line}**" for index, line in enumerate(notes))] if notes else []
+        footnote = [text for notes in blocks
+                    for text in ("", *(f"- {line}" if index else f"**{line}**" for index, line in enumerate(notes)))]
         return "\n".join([header, rule, *body, *footnote]) + "\n"
     if fmt == "latex":
         escaped = shown.map(lambda v: str(v).replace("±", r"$\pm$").replace("_", r"\_"))
         escaped.columns = [c.replace("_", r"\_") for c in shown.columns]
-        footnote = "".join(f"\\par\\noindent {_latex_text(line)}\n" for line in notes)
+        footnote = "".join(f"\\par\\noindent {_latex_text(line)}\n" for notes in blocks for line in notes)
         return escaped.to_latex(index=False, escape=False) + footnote
     raise ValueError(f"unknown format {fmt!r}: md, latex or csv")
+
+
+def render_notice(line: str, fmt: str) -> str:
+    """A line said under the tables (``leave_out_stalled``'s notice) in ``fmt``: as it is in Markdown, escaped as a
+    paragraph of its own in LaTeX (a run's path and run.stall_share hold underscores)."""
+    return f"\\par\\noindent {_latex_text(line)}\n" if fmt == "latex" else f"{line}\n"
 
 
 def _latex_text(text: str) -> str:

@@ -8,10 +8,11 @@ Run it with the vLLM environment's python (it holds both engines):
 For each drafter, each engine in turn decodes every question by the method and by AR, back to back per question
 (the order alternating as run.alternate_order does), after its own warm-up; one engine is loaded at a time. It
 prints per method and engine: AR's tokens/s (how the specbench loop compares with a production engine on the same
-machine), the method's tokens/s, the speedup, MAT and acceptance at draft positions 1-4; then whether the two
-engines' outputs are equal (greedy), AR against AR and method against method, each difference classified with
-specbench's mismatch diagnosis (near-tie: both engines' top two tokens within the tolerance of float32, from
-their own logits / log-probabilities; violation otherwise). --markdown FILE also writes the table as Markdown.
+machine), the method's tokens/s, the speedup, MAT and acceptance by draft position 1-4 (of the drafts that
+reached each, ``metrics.acceptance_by_position``); then whether the two engines' outputs are equal (greedy), AR
+against AR and method against method, each difference classified with specbench's mismatch diagnosis (near-tie:
+both engines' top two tokens within the tolerance of float32, from their own logits / log-probabilities; violation
+otherwise). --markdown FILE also writes the table as Markdown.
 
 Timings are flagged when other processes kept cores busy while an engine decoded (vLLM's own engine processes are
 this job's). Overrides after ``--`` go to every run's configuration (``-- model=tiny-random model.hidden_size=128``).
@@ -49,9 +50,8 @@ def parse(argv):
 def run_engine(engine_name: str, drafter: str, args) -> dict:
     """Every question by the method and AR through one engine: the answers per role and question, the contention
     seen, and what the engine is."""
-    from specbench.config import check_config, compose
+    from specbench.config import check_config, choose_engine, compose
     from specbench.distributed import Processes
-    from specbench.engines import load_engine
     from specbench.engines.base import BASELINE, METHOD, SkipQuestion
     from specbench.measure.machine import ContentionMeter
     from specbench.questions import read_questions, select_questions
@@ -74,7 +74,8 @@ def run_engine(engine_name: str, drafter: str, args) -> dict:
     threads, _ = choose_threads(settings, None, 1)
     torch.set_num_threads(threads)
     questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
-    engine = load_engine(cfg.engine, cfg.model, cfg.drafter, settings, Processes())
+    engine_class, engine_settings = choose_engine(cfg)
+    engine = engine_class.load(engine_settings, cfg.model, cfg.drafter, settings, Processes())
     answers = {METHOD: {}, BASELINE: {}}
     skipped = []
     meter = ContentionMeter()
@@ -199,8 +200,9 @@ def print_table(rows: list[dict], environments: dict, args) -> None:
     for line in lines:
         print("  ".join(value.ljust(width) for value, width in zip(line, widths)))
     legend = ("AR same / method same: identical/near-tie/violation, the specbench loop's answers against vLLM's, "
-              "question by question (greedy); acc@i: share of drafts whose token i was accepted; flag: other "
-              "processes kept cores busy (a flagged number is not a result)")
+              "question by question (greedy); acc@i: of the drafts that reached position i, the share that accepted a "
+              "token there (acceptance_by_position, not vLLM's per_position_acceptance_rate over all drafts); flag: "
+              "other processes kept cores busy (a flagged number is not a result)")
     print(legend)
     machine = environments.get("specbench", {})
     versions = (f"machine: {machine.get('device')}; python {machine.get('python')}, torch {machine.get('torch')}, "

@@ -44,7 +44,7 @@ from specbench.artefacts.trained_head import TRAIN_DEVICES, build_trained_head, 
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.training import methods  # noqa: E402
 from specbench.artefacts.target_answers import PROMPT_SETS  # noqa: E402
-from specbench.training.heads import SCHEDULES, common_names, kind_defaults  # noqa: E402
+from specbench.training.heads import SCHEDULES, common_names, kind_defaults, recipe_of  # noqa: E402
 
 DEFAULT_KIND = "eagle3"
 HELP = {
@@ -160,6 +160,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         spec = spec_of(args)
+        recipe_of(args.kind, spec)  # a recipe out of range is one line before the model loads
         cfg = compose([f"model={args.model}", *args.overrides])
         target = instantiate(cfg.model, device=cfg.run.device, linear_backend=cfg.run.linear_backend)
         out = Path(args.out) if args.out else trained_head_directory(target, args.kind, spec, None)

@@ -52,18 +52,7 @@ else
 fi
 
 # pyproject.toml's dependencies (and its test extra), one a line.
-requirements() {
-  "$PYTHON" - "$repo/pyproject.toml" <<'EOF'
-import sys
-try:
-    import tomllib
-except ImportError:  # Python 3.10: pip vendors the same parser
-    from pip._vendor import tomli as tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
-    print(requirement)
-EOF
-}
+requirements() { "$PYTHON" "$repo/scripts/pyproject_requirements.py"; }
 mapfile -t dependencies < <(requirements)
 [ "${#dependencies[@]}" -gt 0 ] || exit 1
 

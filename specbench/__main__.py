@@ -31,6 +31,7 @@ from specbench.errors import SpecbenchError, config_error_line
 from specbench.reporting import user_error_line  # noqa: E402
 from specbench.storage.atomic import write_atomically  # noqa: E402
 from specbench.storage.refusal import os_error_of, raise_refusal, refusal_of, storage_refusal  # noqa: E402
+from specbench.torchrun_errors import record_failure, say_user_error  # noqa: E402
 
 register_resolvers()  # the configs interpolate ${method:...} and ${initials:...}
 
@@ -72,7 +73,7 @@ def _print_refusal(error: BaseException) -> bool:
     refusal = refusal_of(error, where)
     if refusal is None:
         return False
-    print(f"specbench: error: {refusal}", file=sys.stderr)
+    say_user_error(str(refusal))
     return True
 
 
@@ -95,13 +96,11 @@ def main(cfg: DictConfig) -> None:
         opened.append(path)
 
     try:
-        from specbench.results.console import format_summary_table, violation_report
-        from specbench.results.readers import read_answers
         from specbench.runner import run_benchmark
 
         summary = run_benchmark(cfg, output_dir, on_open=on_open)
     except SpecbenchError as error:
-        print(f"specbench: error: {error}", file=sys.stderr)
+        say_user_error(str(error))  # under torchrun: said once, and one line in torchrun's summary
         sys.exit(USER_ERROR)
     except KeyboardInterrupt:
         _report_interrupt(output_dir, opened)
@@ -111,14 +110,28 @@ def main(cfg: DictConfig) -> None:
         if not _print_refusal(error):
             line = user_error_line(error)  # a refusal a library reports in its own exception, raised while handling
             if line is None:
+                record_failure(error)  # a bug: its traceback in torchrun's summary too
                 raise
-            print(f"specbench: error: {line}", file=sys.stderr)
+            say_user_error(line)
         sys.exit(USER_ERROR)
     finally:
         while _run_log_handlers:
             handler = _run_log_handlers.pop()
             logging.getLogger().removeHandler(handler)
             handler.close()
+    print_summary(summary, output_dir)
+
+
+def print_summary(summary: dict, output_dir: str) -> None:
+    """The run's summary table, and a loud paragraph for any losslessness violation, on the console: by rank 0
+    alone under torchrun, since the other processes decoded beside it into a scratch folder whose numbers are not
+    the run's (and would be shown under its directory)."""
+    from specbench.models.placement import rank
+    from specbench.results.console import format_summary_table, violation_report
+    from specbench.results.readers import read_answers
+
+    if rank() != 0:
+        return
     print(f"\n{summary['model']} / {summary.get('method', summary['drafter'])}  ({output_dir})")
     print(format_summary_table(summary))
     report = violation_report(summary, read_answers(output_dir))
@@ -158,7 +171,7 @@ def _run_main() -> None:
     except (HydraException, OmegaConfBaseException) as error:
         if _task_started:
             raise
-        print(f"specbench: error: {config_error_line(error)}", file=sys.stderr)  # one line, the choices in it
+        say_user_error(config_error_line(error))  # one line, the choices in it
         sys.exit(USER_ERROR)
     except OSError as error:
         if _task_started:
@@ -168,10 +181,10 @@ def _run_main() -> None:
         # A run directory under a file (or a file where it should be) is the run directory's problem, said as such.
         refusal = None if error.errno in (errno.ENOTDIR, errno.EEXIST) else storage_refusal(error, what="create")
         if refusal is not None:
-            print(f"specbench: error: {refusal}", file=sys.stderr)
+            say_user_error(str(refusal))
         else:
-            print(f"specbench: error: cannot create the run directory: {error.strerror}: {error.filename}; choose a "
-                  "writable hydra.run.dir (or hydra.sweep.dir)", file=sys.stderr)
+            say_user_error(f"cannot create the run directory: {error.strerror}: {error.filename}; choose a writable "
+                           "hydra.run.dir (or hydra.sweep.dir)")
         sys.exit(USER_ERROR)
 
 

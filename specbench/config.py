@@ -86,9 +86,10 @@ def check_group_values(cfg: DictConfig) -> RunSettings | None:
     """Refuse, with one line naming key, value and valid range, values that would fail only once something is
     loaded or decoding: the ``run`` group against its schema (``RunSettings.check``); the model's arguments
     against its loader's own check, where the loader has one (``check_arguments``, e.g. tiny-random's shapes);
-    the run's token counts against a context the model config states (``model.max_context``); the task
-    group's selection. Drafter values are checked by the drafters themselves. Loads nothing. Returns the run
-    settings (None for a configuration without a run group)."""
+    the run's token counts against a context the model config states (``model.max_context``); the engine's
+    settings, the drafter it runs and the run settings it honours, by the engine's own check (``choose_engine``);
+    the task group's selection. Drafter values are checked by the drafters themselves. Loads nothing. Returns the
+    run settings (None for a configuration without a run group)."""
     settings = RunSettings.from_config(cfg.run) if isinstance(cfg.get("run"), DictConfig) else None
     model = cfg.get("model")
     if isinstance(model, DictConfig) and "_target_" in model:
@@ -100,13 +101,8 @@ def check_group_values(cfg: DictConfig) -> RunSettings | None:
         context = arguments.get("max_context")
         if settings is not None and isinstance(context, int) and not isinstance(context, bool):
             settings.check_context(context, f"model.max_context={context}")
-    engine, drafter = cfg.get("engine"), cfg.get("drafter")
-    if isinstance(engine, DictConfig) and isinstance(drafter, DictConfig):
-        from specbench.engines.vllm_methods import check_engine_config
-
-        check_engine_config(OmegaConf.to_container(engine, resolve=True), OmegaConf.to_container(drafter, resolve=True),
-                            OmegaConf.to_container(cfg.run, resolve=True) if isinstance(cfg.get("run"), DictConfig)
-                            else {})
+    if isinstance(cfg.get("engine"), DictConfig) and isinstance(cfg.get("drafter"), DictConfig):
+        choose_engine(cfg)
     task = cfg.get("task")
     if isinstance(task, DictConfig):
         tasks = task.get("tasks")
@@ -114,6 +110,62 @@ def check_group_values(cfg: DictConfig) -> RunSettings | None:
             raise SpecbenchError(f"task.tasks must be a list of task names such as [qa, rag], got {tasks!r}")
         check_selection(list(tasks), task.get("limit_per_task"))
     return settings
+
+
+def choose_engine(cfg: DictConfig):
+    """The engine class the ``engine`` group's ``_target_`` names (a ``specbench.engines.base.Engine``) and its
+    settings as that class checked them against the drafter and run groups (``Engine.check_config``), before
+    anything loads: (class, ``EngineSettings``). A configuration composed without an engine group gets the default
+    one (conf/config.yaml's). A target that is no engine, or a name that is not its engine's, is one line naming
+    the engines there are."""
+    node = cfg.get("engine")
+    if not isinstance(node, DictConfig):
+        node = OmegaConf.load(CONF_DIR / "engine" / f"{default_option('engine')}.yaml")
+    values = OmegaConf.to_container(node, resolve=True)
+    choices = "choose engine=" + " or engine=".join(group_options("engine"))
+    target = values.get("_target_")
+    try:
+        engine = _locate(target) if isinstance(target, str) else None
+    except Exception as error:  # no such module or attribute
+        raise SpecbenchError(f"engine._target_={target} cannot be used ({' '.join(str(error).split())}); "
+                             f"{choices}") from None
+    # The class is recognised by what the runner calls on it: config.py stands below the engines it chooses.
+    if not (isinstance(engine, type) and isinstance(getattr(engine, "name", None), str)
+            and callable(getattr(engine, "check_config", None)) and callable(getattr(engine, "load", None))):
+        raise SpecbenchError(f"engine._target_={target} is not an engine (a specbench.engines.base.Engine); {choices}")
+    if values.get("name") != engine.name:
+        raise SpecbenchError(f"engine.name={values.get('name')!r} is not the name of {target} (engine={engine.name}); "
+                             f"{choices}")
+    settings = {key: value for key, value in values.items() if key not in INSTANTIATE_KEYS}
+    drafter, run = (OmegaConf.to_container(cfg[group], resolve=True) if isinstance(cfg.get(group), DictConfig) else {}
+                    for group in ("drafter", "run"))
+    return engine, engine.check_config(settings, drafter, run)
+
+
+@functools.cache
+def default_option(group: str) -> str:
+    """The config of ``group`` that conf/config.yaml's defaults list picks (``engine`` -> "specbench")."""
+    for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults:
+        if isinstance(entry, DictConfig) and group in entry:
+            return str(entry[group])
+    raise KeyError(f"conf/config.yaml picks no default for the {group} group")
+
+
+@functools.cache
+def option_target(group: str, name: str) -> str | None:
+    """The ``_target_`` config ``conf/<group>/<name>.yaml`` composes to, read from the files without composing
+    (a few milliseconds, where composing every drafter config takes seconds): its own, or the one its defaults
+    list brings from another config of its group, whichever Hydra applies last (the config itself at its
+    ``_self_`` entry, at the end when it has none). None when neither has one."""
+    node = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
+    entries = [entry for entry in node.get("defaults", []) if isinstance(entry, str)]
+    if "_self_" not in entries:
+        entries.append("_self_")
+    target = None
+    for entry in entries:
+        found = node.get("_target_") if entry == "_self_" else option_target(group, entry)
+        target = found or target
+    return target
 
 
 @functools.cache

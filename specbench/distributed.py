@@ -8,18 +8,17 @@ write nothing the user sees.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 
 from specbench.errors import SpecbenchError
 from specbench.models.placement import world_size as job_size
+from specbench.torchrun_errors import record_failure, recorded_failures
 
 
 @dataclass
@@ -42,7 +41,9 @@ class Processes:
             return Processes()
         if tp_plan is None:
             raise SpecbenchError(f"this run has {world_size} processes (torchrun) but model.tp_plan is null: every "
-                                 "process would decode the whole model on its own; set model.tp_plan=auto")
+                                 "process would decode the whole model on its own; set model.tp_plan=auto, or run "
+                                 "one process without torchrun (engine=vllm shards the model itself: "
+                                 "engine.tensor_parallel_size)")
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         distributed = torch.distributed
         if not distributed.is_initialized():
@@ -58,10 +59,10 @@ class Processes:
 
     def run(self, function, *args):
         """``function(*args)``, and under torchrun a failure of one process reaching the others as one line. The
-        process that fails records its error where torchrun keeps its error file (TORCHELASTIC_ERROR_FILE, which
-        torchrun's own summary then shows) and fails as it would alone; the others, whose collectives fail once it
-        is gone (or whom torchrun stops), raise ``rank R failed: <its first line>; see its output`` in place of
-        the collective library's traceback."""
+        process that fails records its error where torchrun keeps its error file (``torchrun_errors``: a user
+        error as its one line, a bug with its traceback; torchrun's own summary shows it) and fails as it would
+        alone; the others, whose collectives fail once it is gone (or whom torchrun stops), raise ``rank R failed:
+        <its first line>; see its output`` in place of the collective library's traceback."""
         if self.world_size == 1:
             return function(*args)
         stopped = _stop_with_an_exception()
@@ -69,7 +70,7 @@ class Processes:
             return function(*args)
         except BaseException as error:
             if not _from_a_peer(error):
-                _record(error)
+                record_failure(error)  # a user error as its line, a bug with its traceback
                 raise
             raise SpecbenchError(self._peer_failure(error)) from None
         finally:
@@ -81,7 +82,7 @@ class Processes:
         line where it left one (polled briefly: it writes before it exits), else what this process saw."""
         deadline = time.monotonic() + 2.0
         while True:
-            for rank, line in _recorded_failures():
+            for rank, line in recorded_failures():
                 if rank != self.rank:
                     return f"rank {rank} of {self.world_size} failed: {line}; see its output"
             if time.monotonic() > deadline:
@@ -178,47 +179,3 @@ def _from_a_peer(error: BaseException) -> bool:
     if distributed_error is not None and isinstance(error, distributed_error):
         return True
     return isinstance(error, RuntimeError) and any(word in str(error).lower() for word in _PEER_GONE)
-
-
-def _error_folder() -> Path | None:
-    """The folder of this attempt's per-rank error files, as torchrun lays it out ("<attempt>/<rank>/error.json"),
-    or None outside torchrun."""
-    file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    return Path(file).parent.parent if file else None
-
-
-def _record(error: BaseException) -> None:
-    """This process's failure, in the error file torchrun gave it, in torchrun's own format (its summary reads
-    it); nothing outside torchrun."""
-    file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not file:
-        return
-    import traceback
-
-    first = (str(error).strip().splitlines() or [""])[0][:300]
-    if isinstance(error, KeyboardInterrupt):
-        message = "interrupted"
-    else:
-        message = first if isinstance(error, SpecbenchError) else f"{type(error).__name__}: {first}"
-    try:
-        Path(file).parent.mkdir(parents=True, exist_ok=True)
-        Path(file).write_text(json.dumps({"message": {"message": message, "extraInfo": {
-            "py_callstack": "".join(traceback.format_exception(error)), "timestamp": str(int(time.time()))}}}))
-    except OSError:
-        pass  # the failure itself is what matters; the others then say less
-
-
-def _recorded_failures() -> list[tuple[int, str]]:
-    """(rank, first line) of every process of this attempt that recorded a failure."""
-    folder = _error_folder()
-    found = []
-    if folder is None or not folder.is_dir():
-        return found
-    for file in sorted(folder.glob("*/error.json")):
-        try:
-            rank = int(file.parent.name)
-            message = json.loads(file.read_text())["message"]["message"]
-        except Exception:  # noqa: BLE001 - half-written or foreign: not a failure this process can name
-            continue
-        found.append((rank, str(message).strip().splitlines()[0] if str(message).strip() else "an error"))
-    return found

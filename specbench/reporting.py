@@ -1,6 +1,6 @@
 """The one line a user sees for an error they caused, and the wrapper every entry point and script runs its main in.
 
-Above ``errors`` and ``storage.refusal`` (both standard library only, like this module): a refused write is
+Above ``errors``, ``storage.refusal`` and ``torchrun_errors`` (all standard library only, like this module): a refused write is
 recognised wherever a library raised it, so the refusal module is needed here, and it builds its lines as
 ``SpecbenchError``s itself."""
 
@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from specbench.errors import USER_ERROR, SpecbenchError, config_error_line
 from specbench.storage.refusal import refusal_in_chain
+from specbench.torchrun_errors import say_user_error
 
 
 def user_error_line(error: BaseException) -> str | None:
@@ -46,7 +47,7 @@ def reporting_user_errors(program: str, main: Callable) -> Callable:
             line = None if follows_interrupt(error) else user_error_line(error)
             if line is None:
                 raise
-            print(f"{program}: error: {line}", file=sys.stderr)
+            say_user_error(line, program)  # under torchrun (gpu_check's tensor-parallel row): once, by rank 0
             sys.exit(USER_ERROR)
 
     return reporting

@@ -1,14 +1,16 @@
 """A benchmark run: every question decoded by the method and, back to back, by the AR baseline.
 
 Read from the top: ``run_benchmark`` checks the configuration and the run directory before anything is loaded
-(``specbench.run.identity``), loads the engine that decodes (``specbench.engines``), opens the run directory and
-``measure``s: the questions left to do, the engine's warm-up, then per question an answer per role, the lossless
-check against the baseline and the records, and the summary after each. The runner talks to the engine only
-through ``Engine`` and never asks which engine it is.
+(``specbench.run.identity``), loads the engine that decodes (the one the engine group's ``_target_`` names,
+``specbench.config.choose_engine``), opens the run directory and ``measure``s: the questions left to do, the
+engine's warm-up, then per question an answer per role, the lossless check against the baseline and the records,
+and the summary after each; then the engine's load levels, if it has any (``specbench.load_sweep``). The runner
+talks to the engine only through ``Engine`` and never asks which engine it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import tempfile
@@ -18,20 +20,22 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from specbench.config import check_config
+from specbench.config import check_config, choose_engine
 from specbench.distributed import Processes
 from specbench.engines.base import BASELINE, METHOD, Engine, SkipQuestion
-from specbench.engines import load_engine
+from specbench.engines.calibration import LATENCY_FILE, saved_latencies
 from specbench.errors import SpecbenchError
+from specbench.load_sweep import LevelWarmUp, check_load_file, measure_load
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended
 from specbench.measure.mismatch import diagnose
+from specbench.measure.stalls import StallCheck, StallRule, describe
 from specbench.models.devices import resolve_device
 from specbench.questions import Prompt, read_questions, select_questions
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import Answer
-from specbench.run.load_sweep import measure_load
 from specbench.run.identity import (already_finished, check_resumable, config_settings, earlier_settings,
-                                    planned_load_levels, planned_settings)
+                                    planned_settings)
+from specbench.run.owned_processes import OwnedProcesses, end_leftovers
 from specbench.run.threads import choose_threads
 from specbench.storage.run_lock import RunLock
 from specbench.settings import RunSettings
@@ -63,14 +67,20 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
 
 def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output_dir: str, on_open,
          processes: Processes) -> dict:
-    wanted = {**config_settings(cfg), **planned_settings(processes.world_size)}
+    engine_class, engine_settings = choose_engine(cfg)
+    wanted = {**config_settings(cfg, engine_settings.identity()), **planned_settings(processes.world_size)}
     run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
 
     def check_directory():
         # Everything the configuration fixes is checked before anything is loaded or written.
         earlier = earlier_settings(output_dir)
         check_resumable(output_dir, earlier, wanted)
-        return earlier, already_finished(output_dir, questions, settings.baseline, run_dir, planned_load_levels(cfg))
+        if engine_settings.load_levels:  # levels over other questions, or warmed otherwise, are refused before loading
+            skipped = run_dir.skipped_ids()
+            check_load_file(output_dir, engine_settings.load_levels,
+                            [prompt.question_id for prompt in questions if prompt.question_id not in skipped],
+                            LevelWarmUp.of(settings))
+        return earlier, already_finished(output_dir, questions, settings.baseline, run_dir, engine_settings.load_levels)
 
     earlier, finished_summary = processes.decide(check_directory)
     if finished_summary is not None:
@@ -80,8 +90,11 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)
 
-    with RunLock(output_dir) as lock:
-        engine = load_engine(cfg.get("engine"), cfg.model, cfg.drafter, settings, processes)
+    if engine_class.starts_processes:
+        end_leftovers(output_dir)  # what a killed earlier session's engine left running, before this one locks
+    owned = OwnedProcesses(output_dir) if engine_class.starts_processes else contextlib.nullcontext()
+    with RunLock(output_dir) as lock, owned:  # the engine's processes end before the directory is let go
+        engine = engine_class.load(engine_settings, cfg.model, cfg.drafter, settings, processes)
         try:
             loaded = engine.run_settings()  # in every process: the weights' fingerprint gathers shards
             finished = processes.decide(lambda: run_dir.open({**wanted, **loaded}))  # checks the loaded part too
@@ -92,7 +105,8 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
             if engine.load_levels:
                 skipped = {record["question_id"] for record in run_dir.skipped}
                 measure_load(engine, summary["method"], run_dir.path,
-                             [prompt for prompt in questions if prompt.question_id not in skipped])
+                             [prompt for prompt in questions if prompt.question_id not in skipped],
+                             LevelWarmUp.of(settings))
             return summary
         finally:
             engine.close()
@@ -119,6 +133,7 @@ def measure(engine: Engine, settings: RunSettings, run_dir: RunDirectory, finish
         live = LiveRate(bar)
         run_dir.write_summary(header, timing)
         meter = ContentionMeter()
+        stalls = _stall_check(settings, run_dir)
         for index, prompt in enumerate(pending):
             meter.start()
             try:
@@ -127,7 +142,7 @@ def measure(engine: Engine, settings: RunSettings, run_dir: RunDirectory, finish
                 _record_skip(run_dir, prompt, skip)
                 bar.update(1)
                 continue
-            _record_question(engine, settings, run_dir, prompt, answers, meter.stop(), timing, method)
+            _record_question(engine, settings, run_dir, prompt, answers, meter.stop(), timing, method, stalls)
             engine.save_state(run_dir)
             _show_progress(bar, run_dir.write_summary(header, timing))
     return run_dir.write_summary(header, timing)
@@ -174,9 +189,21 @@ def _answer_roles(engine: Engine, prompt: Prompt, roles: list[str], live: LiveRa
     return answers
 
 
+def _stall_check(settings: RunSettings, run_dir: RunDirectory) -> StallCheck:
+    """The run's check for stalls inside a question (``specbench.measure.stalls``): the calibration's verify
+    latencies, when the engine calibrated (after its warm-up, verify_latency.json), as the prior, and the steps an
+    earlier session of the run recorded (the method's) counted into the references."""
+    check = StallCheck(StallRule(settings.stall_factor, settings.stall_min_s, settings.stall_share),
+                       prior=saved_latencies(run_dir.path / LATENCY_FILE))
+    check.times.add(run_dir.steps().itertuples())
+    return check
+
+
 def _record_question(engine: Engine, settings: RunSettings, run_dir: RunDirectory, prompt: Prompt,
-                     answers: dict[str, Answer], other_cores: float, timing: TimingCheck, method: str) -> None:
-    """Check the method's answer against the baseline's and record both, with how busy the machine was."""
+                     answers: dict[str, Answer], other_cores: float, timing: TimingCheck, method: str,
+                     stall_check: StallCheck) -> None:
+    """Check the method's answer against the baseline's and record both, with how busy the machine was and the
+    stalls inside the question."""
     method_answer, baseline_answer = answers[METHOD], answers.get(BASELINE)
     identical, mismatch = compare_with_baseline(method_answer, baseline_answer, settings.tolerance(engine.dtype),
                                                 exact=engine.greedy)
@@ -185,9 +212,14 @@ def _record_question(engine: Engine, settings: RunSettings, run_dir: RunDirector
     if is_contended(other_cores, timing.threads, timing.usable_cores):
         log.warning("question %s: other processes kept %.1f of %g cores busy; its timings are flagged",
                     prompt.question_id, other_cores, timing.usable_cores)
+    stalls = stall_check.judge({role: ([step for turn in answer.steps for step in turn], sum(answer.wall_times))
+                                for role, answer in answers.items()})
+    if stalls["stalled"]:
+        log.warning("question %s: %s; its timings are flagged", prompt.question_id, describe(stalls))
     record = method_answer.to_record(prompt, f"{engine.model_name}-{method}", identical, mismatch)
     record["specbench"]["contention"] = {"other_cores": other_cores, "threads": timing.threads,
                                          "usable_cores": timing.usable_cores}
+    record["specbench"]["stalls"] = stalls
     run_dir.add(
         record,
         None if baseline_answer is None else baseline_answer.to_record(prompt, f"{engine.model_name}-ar", None),

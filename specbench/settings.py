@@ -57,6 +57,9 @@ class RunSettings:
     linear_backend: str = "auto"
     device: str = "auto"
     threads: int | None = None
+    stall_factor: float = 3.0
+    stall_min_s: float = 0.02
+    stall_share: float = 0.1
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
@@ -119,6 +122,12 @@ class RunSettings:
             raise SpecbenchError(f"run.temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
                                  f"got {self.temperature!r}")
         _require_range("top_p", self.top_p, 0, 1, "(0, 1]", lower_open=True)
+        if not _is_number(self.stall_factor) or self.stall_factor <= 1:
+            raise SpecbenchError(f"run.stall_factor must be a number above 1 (times a step's usual verify time), "
+                                 f"got {self.stall_factor!r}")
+        if not _is_number(self.stall_min_s) or self.stall_min_s < 0:
+            raise SpecbenchError(f"run.stall_min_s must be a non-negative number of seconds, got {self.stall_min_s!r}")
+        _require_range("stall_share", self.stall_share, 0, 1, "(0, 1]", lower_open=True)
         if self.threads is not None:
             _require_int("threads", self.threads, minimum=1, extra="or null")
             self._check_threads()

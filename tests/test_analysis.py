@@ -160,6 +160,27 @@ def test_leave_one_out_uses_only_the_other_runs_of_the_same_hardware(tmp_path):
     assert requirements(table).needed_draft_ms.isna().sum() == 1  # d's: nothing predicts its target latency
 
 
+SINGLE = {"processes": 1, "placement": "single", "devices": "cpu", "linear_backend_used": "aten"}
+
+
+@pytest.mark.parametrize("key, other", [("processes", 2), ("placement", "tensor_parallel"), ("devices", "cuda:0,cuda:1"),
+                                        ("linear_backend_used", "onednn")])
+def test_leave_one_out_keeps_runs_placed_otherwise_apart(tmp_path, key, other):
+    """Runs of one model, device, dtype and threads placed otherwise (another process count, placement, set of
+    devices or linear kernel: specbench.run.identity's PLACEMENT_KEYS) time their passes otherwise, so neither is
+    in the other's leave-one-out table. a and b are placed alike (b 20% slower); c, placed otherwise, is twice as
+    slow: with c, a's table would be 96 ms, not b's 72."""
+    synthetic_run(tmp_path / "a", "pld", accepted=2, verify_tokens=(3,), noise=0, settings=SINGLE)
+    synthetic_run(tmp_path / "b", "pld", accepted=2, verify_tokens=(3,), noise=0, slowdown=1.2, settings=SINGLE)
+    synthetic_run(tmp_path / "c", "pld", accepted=2, verify_tokens=(3,), noise=0, slowdown=2.0,
+                  settings={**SINGLE, key: other})
+    table = by_run(model_table(load_steps([tmp_path])))
+    a, b, c = (table.loc[run] for run in "abc")
+    assert (a.loo_runs, b.loo_runs, c.loo_runs) == (1, 1, 0)
+    assert a.loo_target_ms == pytest.approx(72.0) and b.loo_target_ms == pytest.approx(60.0)
+    assert np.isnan(c.loo_tps) and c.reference == "calibration"
+
+
 def test_leave_one_out_corrects_for_the_context_a_step_attends_to(tmp_path):
     """Run a decodes at short contexts, b at long ones; each pass costs 25 us per context token. a's prediction
     from b's steps holds only with the context term (without it, b's latency at ~600 tokens would be used)."""
@@ -210,6 +231,37 @@ def test_figures_and_report_are_written(runs, tmp_path):
     assert ">tokens per step</th>" in throughput and ">MAT</th>" not in throughput
     assert "leave-one-out 0." in throughput
     assert "Where an accepted token" in text and ">extra verify</th>" in text
+
+
+def test_predicted_vs_measured_is_drawn_with_what_it_has_or_skipped_with_the_reason(tmp_path, capsys, monkeypatch):
+    """One run as the README's first command makes it (no calibration, no other run): nothing predicts its
+    throughput, so the figure is skipped, saying why, as the other figures that cannot be drawn are; never an
+    empty frame. Beside a run that is predicted, it is drawn with that run's point, the other run named on it."""
+    from analysis import figures
+
+    runs = tmp_path / "runs"
+    synthetic_run(runs / "alone", "pld", accepted=2, verify_tokens=(3,), calibrated=False)
+    analysis_main(["figures", str(runs), "--out", str(tmp_path / "one")])
+    assert f"skipped: predicted_vs_measured: {figures.NO_PREDICTION}" in capsys.readouterr().err
+    assert not (tmp_path / "one" / "predicted_vs_measured.png").exists()
+    assert (tmp_path / "one" / "throughput_vs_acceptance.png").is_file()  # the figures it can have are drawn
+    assert figures.predicted_vs_measured(model_table(load_steps([runs])), tmp_path / "direct") == []
+
+    synthetic_run(runs / "calibrated", "sps", accepted=3, verify_tokens=(4, 11), threads=4)  # no peer of alone's
+    drawn, save = {}, figures._save
+
+    def keep(figure, out, name):
+        drawn[name] = {"texts": [text.get_text() for ax in figure.axes for text in ax.texts],
+                       "points": [len(points.get_offsets()) for ax in figure.axes for points in ax.collections]}
+        return save(figure, out, name)
+
+    monkeypatch.setattr(figures, "_save", keep)
+    written, skipped = make_all(load_questions([runs]), load_steps([runs]), tmp_path / "two")
+    assert tmp_path / "two" / "predicted_vs_measured.png" in written
+    assert not [reason for reason in skipped if "predicted_vs_measured" in reason]
+    shown = drawn["predicted_vs_measured"]
+    assert shown["points"] == [1]  # the calibrated run, by its calibration; nothing predicts the other
+    assert "sps" in shown["texts"] and "not predicted (no calibration, no run timed alike): pld" in shown["texts"]
 
 
 def test_command_line(runs, tmp_path, capsys):

@@ -188,7 +188,8 @@ def test_a_build_lock_left_by_a_dead_process_of_this_host_is_taken_over(tmp_path
     with caplog.at_level(logging.WARNING):
         result = load_or_rebuild(directory, "test artefact", loader(directory),
                                  lambda: replace_directory(directory, writer("built"), {}))
-    assert result == "built" and time.monotonic() - started < 2
+    # Taken over at once, not after the 30 s wait: half the wait tells the two apart on however slow a machine.
+    assert result == "built" and time.monotonic() - started < 15
     assert f"holder is no longer running (pid {pid} on {socket.gethostname()}" in caplog.text
     assert not (versions_dir(directory) / "build.lock").exists()
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from analysis.__main__ import main as analysis_main
-from analysis.compare import compare_table, mat_figure, same_hardware
+from analysis.compare import WIDTH, compare_table, mat_figure, same_hardware
 from analysis.published import COLUMNS, SOURCES, load_published, packaged_file, parse_settings, select_published
 from analysis.runs import load_questions
 from specbench.questions import Prompt
@@ -190,7 +190,9 @@ def test_the_command_line_prints_the_comparison_and_draws_the_figure(runs, tmp_p
     flat = " ".join(out.split())  # the sentences are wrapped at 120 characters
     assert "MAT (mean accepted tokens" in flat and "expected to be close across hardware, not equal" in flat
     assert "Speedups compare only on like hardware" in flat
-    assert max(len(line) for line in out.splitlines()) <= 120
+    # The table and its notes fit 120 columns; the figure's path, printed last, is a path, as long as TMPDIR makes it.
+    *lines, path = out.splitlines()
+    assert path == str(figure) and max(len(line) for line in lines) <= WIDTH == 120
     assert "measured, not published in this selection: suffix" in flat
     assert "published, not measured: " in flat and "eagle3" in flat and "no specbench drafter" not in flat
     assert "hydra, lookahead, medusa, recycling" in flat  # every leaderboard method has a drafter now
@@ -370,6 +372,50 @@ def test_compare_prints_no_row_of_another_configuration_without_its_footnote(con
         elif row[0] == "pld":
             assert "drafter max_ngram_size: measured 2" in note
     assert not [row for row in rows if "SAM-Decoding[EAGLE2]" in row]  # the README's own row of its configuration wins
+
+
+def test_every_footnote_and_column_puts_the_measured_value_first_and_the_published_one_second(tmp_path, capsys):
+    """Each setting that differs, on a run that differs from its published row in every one: the measured value
+    is said as measured, the published one as published; and the printed table's columns hold what their
+    headers say (MAT and speedup measured, pub MAT and pub speedup published, ratios measured / published)."""
+    import html
+    import re
+
+    from analysis.report import compare_section
+
+    row = "x,ref,NVIDIA A100 80GB,A100,vicuna-13b,float16,0.7,spec-bench question.jsonl,PLD,pld,{},{},{},,"
+    path = _user_csv(tmp_path, *(row.format(task, metric, value) for task in ("qa", "overall")
+                                 for metric, value in (("speedup", 1.5), ("mat", 1.25))))
+    # 3 tokens in 2 steps (MAT 1.5) in 0.1 s against AR's 0.3 s (3.0x); the one question is also the overall
+    _run(tmp_path / "runs" / "pld", "pld", [("qa", [1, 2], 0.1, 0.3)], device="cuda: NVIDIA GeForce RTX 3090",
+         dtype="bfloat16", model="vicuna-7b")
+    questions, published = load_questions([tmp_path / "runs"]), select_published(str(path))
+    table = compare_table(questions, published)
+    assert list(table.task) == ["qa", "overall"] and table.differs.nunique() == 1
+    assert table.differs.iloc[0].split("; ") == [
+        "model: measured vicuna-7b vs published vicuna-13b",
+        "hardware: measured cuda: NVIDIA GeForce RTX 3090 vs published NVIDIA A100 80GB",
+        "dtype: measured bfloat16 vs published float16",
+        "temperature: measured 0 vs published 0.7",
+        "questions: measured the built-in sample set, 1 question vs published spec-bench question.jsonl"]
+    analysis_main(["compare", str(tmp_path / "runs"), "--published", str(path)])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("method"))
+    assert header.split() == ["method", "task", "published", "MAT", "pub", "MAT", "ratio", "speedup", "pub", "speedup",
+                              "ratio", "hw", "notes"]
+    for offset, task in enumerate(("qa", "overall"), 1):
+        assert lines[lines.index(header) + offset].split() == ["pld", task, "T1", "PLD", "1.50", "1.25", "1.20", "3.00x",
+                                                               "1.50x", "2.00", "DIFF", "[1]"]
+    assert ("[1] model: measured vicuna-7b vs published vicuna-13b; hardware: measured cuda: NVIDIA GeForce RTX 3090 "
+            "vs published NVIDIA A100 80GB; dtype: measured bfloat16 vs published float16") in " ".join(out.split())
+    # The report's table: each header over its own value (the overall row), and the same footnote.
+    page = html.unescape(compare_section(questions, published, tmp_path))
+    cells = dict(zip(re.findall(r"<th[^>]*>([^<]*)</th>", page), re.findall(r"<td[^>]*>([^<]*)</td>", page)))
+    assert cells == {"method": "pld", "published table": "T1", "published as": "PLD", "MAT": "1.50",
+                     "published MAT": "1.25", "MAT ratio": "1.20", "speedup": "3.00x", "published speedup": "1.50x",
+                     "speedup ratio": "2.00", "same hardware": "no"}
+    assert "Differs: model: measured vicuna-7b vs published vicuna-13b; hardware: measured cuda: NVIDIA" in page
 
 
 def test_the_report_says_what_differs_for_every_method_not_only_the_first(tmp_path):

@@ -26,8 +26,10 @@ MC_SIM_7B_63 = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 
 
 
 class ScriptedHead(torch.nn.Module):
-    """out = tanh(hidden + E[token]) for tree nodes (hidden = the parent's out), hidden @ P for target
-    features; logits = out @ W. It counts the cache like a real head, and records what it was fed."""
+    """out = tanh(hidden + E[token] + R[position]) for tree nodes (hidden = the parent's out; R, a vector per rotary
+    position, makes the tree depend on the position each node is fed at, as a real head's rotary embedding does),
+    hidden @ P for target features; logits = out @ W. It counts the cache like a real head, and records what it
+    was fed."""
 
     def __init__(self, kind="eagle", seed=0):
         super().__init__()
@@ -35,11 +37,12 @@ class ScriptedHead(torch.nn.Module):
         self.E = torch.randn(VOCAB, WIDTH, generator=generator)
         self.P = torch.randn(3 * WIDTH, WIDTH, generator=generator) * 0.3
         self.W = torch.randn(WIDTH, VOCAB, generator=generator) * 2
+        self.R = torch.randn(64, WIDTH, generator=generator)
         self.config = type("Config", (), {"kind": kind})()
         self.fed = []
 
-    def node_out(self, parent_out, token):
-        return torch.tanh(parent_out + self.E[token])
+    def node_out(self, parent_out, token, position):
+        return torch.tanh(parent_out + self.E[token] + self.R[position])
 
     def new_cache(self, capacity):
         class Cache:
@@ -57,7 +60,7 @@ class ScriptedHead(torch.nn.Module):
         cache.length += n
         if from_target:
             return hidden @ self.P
-        return self.node_out(hidden, token_ids)
+        return self.node_out(hidden, token_ids, positions)
 
     def draft_logits(self, out):
         return out @ self.W
@@ -104,20 +107,23 @@ def log_probs(head, out):
     return torch.log_softmax(head.draft_logits(out), dim=-1)
 
 
-def reference_static_tree(head, root_out, rank_paths):
-    """EAGLE-1: the node at rank path (r1, ..., rd) is the rd-th best token after its parent's output."""
+def reference_static_tree(head, root_out, rank_paths, stable):
+    """EAGLE-1: the node at rank path (r1, ..., rd) is the rd-th best token after its parent's output; it is fed
+    to the head at position stable + d - 1, the positions a depth's nodes share (the first after the ``stable``
+    pairs the head's cache holds: model/eagle/cnets.py:762-845 @fd2c1cd, tree_position_ids)."""
     tokens, outs = {(): None}, {(): root_out}
     for path in sorted(rank_paths, key=lambda p: (len(p), p)):
         parent = path[:-1]
         token = int(torch.argsort(log_probs(head, outs[parent]), descending=True, stable=True)[path[-1]])
         tokens[path] = token
-        outs[path] = head.node_out(outs[parent], torch.tensor(token))
+        outs[path] = head.node_out(outs[parent], torch.tensor(token), stable + len(path) - 1)
     return {tuple(tokens[path[:i]] for i in range(1, len(path) + 1)) for path in rank_paths}
 
 
-def reference_dynamic_tree(head, root_out, total_tokens, depth, top_k):
+def reference_dynamic_tree(head, root_out, total_tokens, depth, top_k, stable):
     """EAGLE-2 (model/eagle2/cnets.py topK_genrate): candidates are the root's top_k and, for each of depth
-    rounds, all top_k children of the top_k frontier nodes of highest joint log-probability."""
+    rounds, all top_k children of the top_k frontier nodes of highest joint log-probability. Round i feeds its
+    frontier at position len_posi + i, len_posi the ``stable`` pairs the head has read (:676, 706, 710)."""
     def children(path, out, score):
         values = log_probs(head, out)
         best = torch.argsort(values, descending=True, stable=True)[:top_k]
@@ -128,7 +134,7 @@ def reference_dynamic_tree(head, root_out, total_tokens, depth, top_k):
     for level in range(depth):
         grown = []
         for score, path, parent_out in frontier:
-            out = head.node_out(parent_out, torch.tensor(path[-1]))
+            out = head.node_out(parent_out, torch.tensor(path[-1]), stable + level)
             grown += children(path, out, score)
         candidates += grown
         frontier = heapq.nlargest(top_k, grown, key=lambda c: c[0])
@@ -150,7 +156,7 @@ def test_mc_sim_7b_63_has_25_nodes_five_deep_and_feeds_only_nodes_with_children(
 def test_the_static_tree_is_each_paths_ranked_token_under_its_parent():
     head = ScriptedHead()
     draft, root_out = first_draft(drafter_with(head, tree="static"), [5, 6, 7, 8], 9)
-    assert set(paths_of(draft)) == reference_static_tree(head, root_out, [tuple(path) for path in MC_SIM_7B_63])
+    assert set(paths_of(draft)) == reference_static_tree(head, root_out, [tuple(path) for path in MC_SIM_7B_63], 4)
     # One pass over the 4 prompt pairs, then one per depth with children, each at the depth's position.
     assert head.fed == [(True, 4, [0, 1, 2, 3]), (False, 4, [4] * 4), (False, 4, [5] * 4), (False, 1, [6]),
                         (False, 1, [7])]
@@ -162,8 +168,10 @@ def test_the_dynamic_tree_is_eagle2s_reranked_expansion(total_tokens, depth, top
     drafter = drafter_with(head, tree="dynamic", total_tokens=total_tokens, depth=depth, top_k=top_k)
     draft, root_out = first_draft(drafter, [5, 6, 7], 9)
     assert len(draft) == total_tokens - 1
-    assert set(paths_of(draft)) == reference_dynamic_tree(head, root_out, total_tokens, depth, top_k)
-    assert [fed[1] for fed in head.fed] == [3] + [top_k] * depth
+    assert set(paths_of(draft)) == reference_dynamic_tree(head, root_out, total_tokens, depth, top_k, 3)
+    # The 3 prompt pairs at positions 0..2, then round i's frontier all at position 3 + i (EAGLE-2's len_posi + i).
+    assert [(fed[1], fed[2]) for fed in head.fed] == [(3, [0, 1, 2])] + [(top_k, [3 + i] * top_k)
+                                                                        for i in range(depth)]
 
 
 def test_the_tree_is_forgotten_and_the_next_step_reads_the_targets_features_for_what_it_settled():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from specbench.distributed import Processes
-from specbench.engines.base import BASELINE, METHOD, Engine, SkipQuestion
+from specbench.engines.base import BASELINE, METHOD, Engine, EngineSettings, SkipQuestion
 from specbench.measure.machine import TimingCheck
 from specbench.questions import Prompt
 from specbench.results.readers import read_answers, read_jsonl_records
@@ -23,11 +23,22 @@ class FixedAnswers(Engine):
     """Every answer is the tokens 7 8 9 in two steps without timings (question DIFFERS: the method's last token
     is 6); question TOO_LONG never fits, question OUT_OF_MEMORY fails in its baseline."""
 
+    name = "fake"
     model_name, drafter_name, dtype, greedy = "fake", "fixed", "float32", True
     decoded_by = {METHOD: "fixed", BASELINE: "ar"}
+    checked: list = []  # what check_config was given, in order
 
     def __init__(self):
         self.answered, self.warmed_up, self.saved = [], [], 0
+
+    @classmethod
+    def check_config(cls, engine, drafter, run):
+        cls.checked.append((engine, drafter["name"], run["max_new_tokens"]))
+        return EngineSettings(engine["name"])
+
+    @classmethod
+    def load(cls, engine, model_node, drafter_node, settings, processes):
+        return cls()
 
     def run_settings(self):
         return {"model_source": "fake"}
@@ -101,6 +112,9 @@ def test_an_engine_without_step_timings_is_recorded_checked_and_resumed(tmp_path
     assert summary["model"] == "fake" and summary["method"] == "fixed"
     assert summary["environment"] == {"device": "cpu: none"}
     assert summary["skipped_by_cause"] == {"too_long": 1, "out_of_memory": 1}
+    # no step times, no stall verdict: "not measured", never "no stalls" (tests/test_stalls.py)
+    assert answers[1]["specbench"]["stalls"] == {"stalled": None, "why": "no per-step times"}
+    assert summary["timing"]["stalls"] == {"stalled_questions": [], "not_measured": 3, "not_checked": 0}
 
     resumed = FixedAnswers()
     again = run_session(tmp_path, resumed, questions(1, 2, TOO_LONG, OUT_OF_MEMORY, DIFFERS, 6))
@@ -126,3 +140,18 @@ def test_a_question_the_warm_up_gives_up_on_is_recorded_and_not_measured(tmp_pat
     assert skipped["question_id"] == 1 and skipped["phase"] == "warm-up"
     assert {question for question, _ in engine.answered} == {2}
     assert summary["tasks"]["overall"]["questions"] == 1
+
+
+def test_a_third_engine_is_chosen_by_its_config_groups_target_and_checks_its_own_settings(monkeypatch):
+    """An engine moves in as a class that a config of the engine group names (``_target_``): the configuration
+    check asks it, and only it, about its settings, the drafter and the run, before anything loads."""
+    from specbench.config import check_config, choose_engine, compose
+
+    monkeypatch.setattr(FixedAnswers, "checked", [])
+    cfg = compose(["model=tiny-random", "drafter=hd", "engine._target_=test_engine_seam.FixedAnswers",
+                   "engine.name=fake", "run.max_new_tokens=7"])
+    check_config(cfg)
+    engine, settings = choose_engine(cfg)
+    assert engine is FixedAnswers and settings == EngineSettings("fake")
+    assert FixedAnswers.checked == [({"name": "fake"}, "hd", 7)] * 2  # the group without its _target_
+    assert settings.identity() == {"name": "fake"} and settings.load_levels == []  # recorded in run.json

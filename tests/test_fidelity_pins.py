@@ -5,6 +5,7 @@ Token Recycling's tree and first pass, its EOS rule for a bonus token, the warm-
 cross-question state, PLD's and SpS's first draft from the prompt, HD's model-database prompt source, and
 SAM-Decoding's prompt feeding and EOS handling."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -214,3 +215,48 @@ def test_samd_keeps_learning_from_the_pass_that_accepts_an_eos():
     # would skip them).
     assert drafter.recycling.successors[5].tolist() == top[0].tolist()
     assert drafter.recycling.successors[EOS].tolist() == top[1].tolist()
+
+
+def spec_bench_tree_turn(appended: list[int], eos_step: int | None = None, max_new_tokens: int = 1024,
+                         max_steps: int = 512) -> tuple[int, int]:
+    """Medusa's and Hydra's turn in Spec-Bench, restated from evaluation/inference_medusa.py:61-98 and
+    inference_hydra.py:60-95 @fd2c1cd (512 steps: their --max-steps default, :133-138 and :130-135): step ``idx``
+    appends ``appended[idx]`` tokens, the tree's root and its accepted nodes (``new_token += accept_length + 1``,
+    model/medusa/utils.py:399, model/hydra/utils.py:513), and only then does the loop stop, on an EOS among the
+    appended tokens (step ``eos_step``) or ``new_token > max_new_tokens``. Returns (new tokens, steps)."""
+    new_token = 0
+    for idx in range(max_steps):
+        new_token += appended[idx]
+        if idx == eos_step:
+            break
+        if new_token > max_new_tokens:
+            break
+    return new_token, idx + 1
+
+
+def test_medusa_and_hydra_turns_stop_as_spec_benchs_loop_stops():
+    from specbench.drafters.hydra import TREES
+    from specbench.drafters.medusa import CHOICE_TREES, ChoiceTree
+
+    # A step appends at most the root and a whole path: the tree's depth + 1 (4 + 1 for mc_sim_7b_63, both methods).
+    depth = ChoiceTree(CHOICE_TREES["mc_sim_7b_63"]).depth
+    assert depth == max(len(path) for path in TREES["mc_sim_7b_63"]) == 4
+    most = depth + 1
+    # The worst case runs `most` tokens past the limit: 1,024 reached exactly, then a full step.
+    assert spec_bench_tree_turn([4] * 256 + [most]) == (1024 + most, 257)
+    assert spec_bench_tree_turn([most] * 300) == (1025, 205)  # a full path every step: 1 past
+    # A turn accepting nothing ends at its 512th step with 512 tokens, where AR's answer has 1,024.
+    assert spec_bench_tree_turn([1] * 1024) == (512, 512)
+    # An EOS that is a step's bonus token is appended as the next step's root: one more pass than the step that
+    # produced it (specbench's loop stops at that step).
+    assert spec_bench_tree_turn([3] * 20, eos_step=7 + 1) == (27, 9)
+    # docs/fidelity.md says so for both methods.
+    text = (Path(__file__).parents[1] / "docs" / "fidelity.md").read_text(encoding="utf-8")
+    medusa = text[text.index("## Medusa: `drafter=medusa`"):text.index("## SuffixDecoding")]
+    hydra = text[text.index("## Hydra: `drafter=hydra`"):text.index("## Medusa: `drafter=medusa`")]
+    assert f"(up to {most} tokens over" in medusa and "up to 4 tokens over" not in text
+    assert f"a step appends up to {most} tokens" in medusa and "512 steps" in medusa
+    stopping = next(line for line in hydra.splitlines() if line.startswith("| stopping |"))
+    assert "512 steps" in stopping and f"the tree's depth + 1 = {most}" in stopping
+    assert f"up to {most} tokens past 1,024" in stopping and "one more pass" in stopping
+    assert f"at most {most} of the original's {1024 + most:,}" in " ".join(hydra.split())

@@ -1,5 +1,7 @@
 """scripts/gpu_check.py, the prepared GPU check (docs/gpu.md), keeps working: its CPU quick mode prints the table,
-writes the JSON and passes every row it runs (the GPU-only rows are SKIP on a CPU).
+writes the JSON and passes every row it runs (the GPU-only rows are SKIP on a CPU). Its rows live in the library
+(specbench.device_check; the measurements in specbench.measure.passes, the training comparison in
+specbench.training.device_check), whose verdicts are checked here on hand-built numbers.
 
 A slow test (about 30 s, on the embedded model; CI runs it, as .ci/run runs the slow tests). On a CPU its rows
 check what default tests also pin (lossless decoding on the embedded model: test_embedded; near-ties in
@@ -56,13 +58,16 @@ def gpu_check_module():
 def test_the_tensor_parallel_row_hides_cuda_from_its_cpu_processes(monkeypatch, tmp_path, gpus, processes, where):
     import torch
 
-    gpu_check = gpu_check_module()
+    from specbench.device_check import Check, tensor_parallel_launch
+
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)  # a CUDA machine, simulated
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    check = gpu_check.Check(torch.device("cpu"), quick=True)
+    worker = ROOT / "scripts" / "gpu_check.py"
+    check = Check(torch.device("cpu"), quick=True, worker=worker)
     check.cuda = True
-    found, found_where, command, env = gpu_check.tensor_parallel_launch(check, tmp_path / "tp.json")
+    found, found_where, command, env = tensor_parallel_launch(check, tmp_path / "tp.json")
     assert (found, found_where) == (processes, where)
+    assert command[command.index("--tp-worker") - 1] == str(worker)  # the script's worker, under torchrun
     assert command[command.index("--nproc-per-node") + 1] == str(processes)
     assert command[command.index("--device") + 1] == where
     # CPU processes see no GPU, so transformers binds none of them to one (a one-GPU machine has no second)
@@ -109,8 +114,8 @@ def top(rows: list[dict[int, float]]) -> tuple:
 
 def test_row_1_reports_a_near_tie_as_such_and_fails_a_violation():
     from specbench.decoding.loop import Generation
+    from specbench.device_check import lossless_verdict
 
-    gpu_check = gpu_check_module()
     reference = ([5, 6, 7], top([{5: 9.0, 1: 1.0}, {6: 4.0, 8: 3.9996}, {7: 2.0, 1: 0.0}]))
 
     def decode(tokens, rows):
@@ -119,12 +124,12 @@ def test_row_1_reports_a_near_tie_as_such_and_fails_a_violation():
     same = decode([5, 6, 7], [{5: 9.0, 1: 1.0}, {6: 4.0, 8: 3.9996}, {7: 2.0, 1: 0.0}])
     tie = decode([5, 8, 7], [{5: 9.0, 1: 1.0}, {8: 4.0, 6: 3.9995}, {7: 2.0, 1: 0.0}])  # both within 1e-3
     wrong = decode([5, 8, 7], [{5: 9.0, 1: 1.0}, {8: 4.0, 6: 3.0}, {7: 2.0, 1: 0.0}])  # a margin of 1.0
-    row = gpu_check.lossless_verdict("pld", [same], [reference])
+    row = lossless_verdict("pld", [same], [reference])
     assert row.status == "PASS" and "== generate()" in row.detail and "near-tie" not in row.detail
-    row = gpu_check.lossless_verdict("pld", [same, tie], [reference, reference])
+    row = lossless_verdict("pld", [same, tie], [reference, reference])
     assert row.status == "PASS" and "1 of 2 prompts" in row.detail and "near-tie" in row.detail
     assert "prompt 1 at token 1" in row.detail
-    row = gpu_check.lossless_verdict("pld", [tie, wrong], [reference, reference])
+    row = lossless_verdict("pld", [tie, wrong], [reference, reference])
     assert row.status == "FAIL" and "prompt 1 at token 1" in row.detail and "prompt 0" not in row.detail
 
 
@@ -134,10 +139,11 @@ def test_the_round_trip_row_counts_synchronisations_inside_torch(monkeypatch):
     ``.item()`` there would), which no wrapper of the row sees."""
     import torch
 
+    from specbench import device_check as gpu_check
+    from specbench.measure.passes import TorchSyncs, round_trip_verdict
     from specbench.targets.transformers import TransformersTarget
     from specbench.testing import tiny_random
 
-    gpu_check = gpu_check_module()
     modes = []
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
 
@@ -162,15 +168,15 @@ def test_the_round_trip_row_counts_synchronisations_inside_torch(monkeypatch):
     for hidden in (0, 1):
         target = WarningTarget(model.weights.module)
         target.hidden = hidden
-        steps = gpu_check.count_round_trips(target, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(True))
+        steps = gpu_check.count_round_trips(target, gpu_check.no_draft(), ids, 6, TorchSyncs(True))
         assert {(step["torch_syncs"], step["torch_expected"]) for step in steps[1:-1]} == {(1 + hidden, 1)}
-        verdicts[hidden] = gpu_check.round_trip_verdict([("ar", steps[1:-1])])
+        verdicts[hidden] = round_trip_verdict([("ar", steps[1:-1])])
     assert modes == ["warn", "default", "warn", "default"]
     assert verdicts[0][0] == "PASS" and "torch syncs [1]" in verdicts[0][1]
     assert verdicts[1][0] == "FAIL" and "syncs inside torch" in verdicts[1][1]
     # On a CPU nothing is counted, and the row says so
-    steps = gpu_check.count_round_trips(model.target, gpu_check.no_draft(), ids, 6, gpu_check.TorchSyncs(False))
-    status, detail = gpu_check.round_trip_verdict([("ar", steps[1:-1])])
+    steps = gpu_check.count_round_trips(model.target, gpu_check.no_draft(), ids, 6, TorchSyncs(False))
+    status, detail = round_trip_verdict([("ar", steps[1:-1])])
     assert status == "PASS" and "torch syncs n/a (CPU)" in detail and len(modes) == 4
 
 
@@ -180,18 +186,19 @@ def test_the_loop_verify_row_times_the_passes_inside_the_loop_and_judges_only_on
     GPU; each step is set beside its own pass (one pass a step, or the row says what it found)."""
     import torch
 
+    from specbench import device_check as gpu_check
+    from specbench.measure.passes import PassTimes, ratio_verdict
     from specbench.testing import tiny_random
 
-    gpu_check = gpu_check_module()
     model = tiny_random(torch.device("cpu"))
     target = model.target
-    with gpu_check.PassTimes(target, cuda=False) as passes:
+    with PassTimes(target, cuda=False) as passes:
         generation = gpu_check.decoder(target).generate(gpu_check.random_prompt(24, 3) * 2, gpu_check.no_draft(), 6)
     assert len(passes.launch_s) == len(generation.steps) and all(seconds > 0 for seconds in passes.launch_s)
     assert passes.device_s == [] and "_forward" not in vars(target)  # the class's method again
-    assert gpu_check.ratio_verdict({"ar": 1.1, "pld": 1.4}, judged=True) == "PASS"
-    assert gpu_check.ratio_verdict({"ar": 1.1, "pld": 3.1}, judged=True) == "FAIL"
-    assert gpu_check.ratio_verdict({"ar": 1.1, "pld": 3.1}, judged=False) == "PASS"
+    assert ratio_verdict({"ar": 1.1, "pld": 1.4}, judged=True) == "PASS"
+    assert ratio_verdict({"ar": 1.1, "pld": 3.1}, judged=True) == "FAIL"
+    assert ratio_verdict({"ar": 1.1, "pld": 3.1}, judged=False) == "PASS"
     status, detail = gpu_check.loop_verify_verdict(gpu_check.Check(torch.device("cpu"), quick=True), model)
     assert status == "PASS" and detail.count("median ratio") == 2 and "not judged on a CPU" in detail
     assert detail.count("vs its pass") == 2 and detail.count("alone afterwards") == 2
@@ -203,7 +210,8 @@ def test_the_loop_verify_row_times_the_passes_inside_the_loop_and_judges_only_on
 def test_the_training_row_compares_the_devices_run_with_the_hosts():
     import torch
 
-    gpu_check = gpu_check_module()
+    from specbench.training import device_check as gpu_check
+
     initial = {"w": torch.zeros(4)}
     host = {"losses": [2.0, 1.5, 1.0], "seconds": 1.0, "devices": {"cpu"}, "initial": initial,
             "trained": {"w": torch.tensor([1.0, -1.0, 0.5, 0.0])}, "chain": torch.tensor([[3, 4], [5, -1]])}
@@ -225,6 +233,62 @@ def test_the_training_row_compares_the_devices_run_with_the_hosts():
     status, detail = gpu_check.training_verdict(close, {**host, "trained": initial}, cuda)
     assert status == "FAIL" and "training did not move the head on the host" in detail
     assert gpu_check.training_verdict(host, host, torch.device("cpu"))[0] == "PASS"
+
+
+def test_the_measurements_of_row_3_are_library_functions_with_values():
+    """specbench.measure.passes on hand-built times (exact in binary): each step beside its own pass (the longer of
+    the host's queuing and the device's span), the median of the ratios; where the steps' time went."""
+    import doctest
+    from types import SimpleNamespace as Step
+
+    from specbench.measure import passes
+
+    assert doctest.testmod(passes).failed == 0
+    assert passes.own_pass_seconds([0.5, 0.5], [0.25, 2.0]) == [0.5, 2.0]
+    assert passes.own_pass_seconds([0.5, 0.25], []) == [0.5, 0.25]  # a CPU: the queuing alone
+    assert passes.loop_verify_ratio([0.75, 4.0, 1.0], [0.5, 0.5, 0.5], [0.25, 2.0, 0.25]) == 2.0  # 1.5, 2, 2
+    assert passes.loop_verify_ratio([0.75, 1.0], [0.5, 0.5], []) == 1.75
+    with pytest.raises(ValueError, match="^3 verify passes for 2 steps: one pass a step expected$"):
+        passes.loop_verify_ratio([0.75, 1.0], [0.5, 0.5, 0.5], [])
+    assert passes.pass_bound([0.5, 0.25, 0.5], [0.515625, 0.25, 0.75]) == "host-bound"  # medians within 5%
+    assert passes.pass_bound([0.5, 0.25, 0.5], [0.53125, 0.25, 0.75]) == "device-bound"  # 6.25% over
+    shares = passes.step_shares([Step(draft_s=0.5, verify_s=1.0, overhead_s=0.5, verify_tokens=81),
+                                 Step(draft_s=0.0, verify_s=2.0, overhead_s=0.0, verify_tokens=11)])
+    assert shares == {"draft": 0.125, "verify": 0.75, "overhead": 0.125, "steps": 2, "verify_s": 1.5,
+                      "max_tokens": 81}
+    one_fence = {"syncs": 1, "reads": 1, "uploads": 3, "torch_syncs": None, "torch_expected": 0}
+    assert passes.round_trip_verdict([("ar", [one_fence, one_fence])])[0] == "PASS"
+    assert passes.round_trip_verdict([("ar", [one_fence, {**one_fence, "syncs": 2}])])[0] == "FAIL"
+    assert passes.round_trip_verdict([("ar", [])])[0] == "FAIL"  # no step: nothing was checked
+
+
+def test_the_training_checks_distances_and_build_verdict_have_values():
+    import torch
+
+    from specbench.training.device_check import build_verdict, weight_distance
+
+    initial = {"w": torch.zeros(2)}
+    here = {"initial": initial, "trained": {"w": torch.tensor([3.0, 4.0])}}  # moved 5
+    assert weight_distance({"trained": {"w": torch.tensor([3.0, 4.0])}}, here) == 0.0
+    assert weight_distance({"trained": {"w": torch.tensor([0.0, 4.0])}}, here) == 0.6  # 3 of 5
+    assert weight_distance({"trained": initial}, here) == 1.0  # a device that never moved its head
+    manifest = {"trained_on": "cuda:0 (NVIDIA H200)", "loss": {"first": 4.5, "last20": 2.25},
+                "held_out_acceptance": {"acceptance": [0.5, 0.25, 0.125]}}
+    assert build_verdict(manifest, torch.device("cuda")) == (
+        "PASS", "trained on cuda:0 (NVIDIA H200), loss 4.5 -> 2.25, held out [0.5, 0.25]..., published and loaded back")
+    assert build_verdict(manifest, torch.device("cpu")) == (
+        "FAIL", "the manifest says it trained on cuda:0 (NVIDIA H200)")
+    status, detail = build_verdict({**manifest, "loss": {"first": 4.5, "last20": float("nan")}}, torch.device("cuda"))
+    assert (status, detail) == ("FAIL", "losses [4.5, nan]")
+
+
+def test_the_script_is_a_thin_command_line():
+    """scripts/gpu_check.py parses, runs the library's rows and prints: no timing, row or verdict of its own."""
+    import ast
+
+    tree = ast.parse((ROOT / "scripts" / "gpu_check.py").read_text())
+    defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert defined == {"isolated_cache", "resolve", "environment", "row_groups", "main", "print_table"}
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash

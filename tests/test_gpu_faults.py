@@ -167,7 +167,9 @@ def test_the_environment_records_cuda_driver_and_the_gpus_used(monkeypatch, tmp_
     assert env["gpus"] == [
         {"device": "cuda:0", "name": "NVIDIA H200", "total_memory_bytes": 150_000_000_000, "capability": "9.0"},
         {"device": "cuda:1", "name": "NVIDIA H200", "total_memory_bytes": 150_000_000_001, "capability": "9.0"}]
-    recorded = loaded_settings(fake_model("cuda:0"), SimpleNamespace())["environment"]
+    from specbench.drafters.ar import NoDraft
+
+    recorded = loaded_settings(fake_model("cuda:0"), NoDraft())["environment"]
     assert recorded["cuda"] == "13.0" and [gpu["name"] for gpu in recorded["gpus"]] == ["NVIDIA H200"]
     assert "cuda_driver" not in recorded  # a requeued job on another node's driver still resumes
 

@@ -145,3 +145,19 @@ def test_sampling_keeps_the_target_distribution(tmp_path):
     assert drafted > SAMPLED_DECODES // 10, drafted  # the draft was accepted often: not a test of AR alone
     assert max(total_variation(m, e) for m, e in zip(marginal, exact_marginal)) < 2 * MARGINAL_BOUND
     assert total_variation(joint, exact_joint) < 2 * JOINT_BOUND
+
+
+def test_a_trained_head_shallower_than_the_tree_is_refused_before_it_is_built(tiny, monkeypatch):
+    # The trained entry's num_heads is checked where the drafter names its artefacts, not after the build.
+    import specbench.artefacts.trained_head as trained_heads
+
+    monkeypatch.setattr(trained_heads, "build_trained_head", lambda *args, **kwargs: pytest.fail("built"))
+    drafter = instantiate(compose(["drafter=hydra", "model=tiny-random",
+                                   "+drafter.heads_by_model.tiny-random.trained.num_heads=3"]).drafter)
+    for call in (drafter.artefacts, drafter.prepare):
+        assert refusal(call, tiny) == ("drafter=hydra: tree mc_sim_7b_63 is 4 deep, but its entry "
+                                       "heads_by_model.tiny-random trains 3 heads (trained.num_heads, one per depth); "
+                                       "train at least 4")
+    drafter = instantiate(compose(["drafter=hydra", "model=tiny-random",
+                                   "+drafter.heads_by_model.tiny-random.trained.num_heads=0"]).drafter)
+    assert refusal(drafter.artefacts, tiny) == "hydra training num_heads must be an integer >= 1, got 0"

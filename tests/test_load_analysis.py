@@ -19,21 +19,26 @@ from analysis.report import build_report
 from analysis.runs import NO_STEP_TIMES, load_runs, timed_steps, untimed_runs
 from analysis.tables import acceptance_table, leaderboard
 from analysis.throughput import model_table, token_costs
-from specbench.results.load import LOAD_FILE, RequestTiming, summarise_level
+from specbench.results.load import LOAD_FILE, ServedRequest, read_load_levels, summarise_level
 from specbench.results.steps_file import read_steps_file, write_steps_file
 
 QUESTIONS = (100, 101, 102, 103)
 TOKENS = 10  # per request
 # concurrency -> (AR's duration, the method's duration) in seconds; None: that role's line is missing
 DURATIONS = {1: (2.0, 1.0), 4: (1.0, 0.8), 16: (0.5, 0.5), 64: (None, 0.4)}
-COUNTERS = {"drafts": 10, "draft_tokens": 30, "accepted_tokens": 15, "accepted_per_position": [8, 5, 2]}
+# The method's verify steps per request: 10 drafts of 3 tokens accepting 3, 3, 2, 2, 2, 1, 1, 1, 0, 0 (15 in all;
+# 8 drafts accepted position 1, 5 position 2, 2 position 3), as (draft depths, accept lengths with the bonus token).
+VERIFY_STEPS = {100: ([3, 3, 3], [4, 4, 3]), 101: ([3, 3, 3], [3, 3, 2]), 102: ([3, 3], [2, 2]),
+                103: ([3, 3], [1, 1])}
 
 
-def requests(first_token_s: float, differ: int | None = None) -> list[RequestTiming]:
+def requests(first_token_s: float, differ: int | None = None, speculated: bool = False) -> list[ServedRequest]:
     """One request per question, TOKENS tokens each, the i-th's first token at ``first_token_s`` x (i + 1) and its
-    last 0.9 s later; the request of question ``differ`` has other tokens than AR's."""
-    return [RequestTiming(question, first_token_s * (index + 1), first_token_s * (index + 1) + 0.9,
-                          [7] * TOKENS if question == differ else list(range(TOKENS)))
+    last 0.9 s later; the request of question ``differ`` has other tokens than AR's; ``speculated``: with
+    VERIFY_STEPS."""
+    return [ServedRequest(question, first_token_s * (index + 1), first_token_s * (index + 1) + 0.9,
+                          [7] * TOKENS if question == differ else list(range(TOKENS)),
+                          *(VERIFY_STEPS[question] if speculated else (None, None)))
             for index, question in enumerate(QUESTIONS)]
 
 
@@ -47,8 +52,9 @@ def write_load(run_dir, durations=DURATIONS) -> None:
             lines.append(level.to_line())
             baseline = {question: list(range(TOKENS)) for question in QUESTIONS}
         if method_s is not None:
-            lines.append(summarise_level(concurrency, "method", "pld@vllm", requests(0.01, differ=103), method_s,
-                                         counters=COUNTERS, baseline_tokens=baseline).to_line())
+            lines.append(summarise_level(concurrency, "method", "pld@vllm",
+                                         requests(0.01, differ=103, speculated=True), method_s,
+                                         baseline_tokens=baseline).to_line())
     (run_dir / LOAD_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
@@ -99,9 +105,54 @@ def test_the_load_table_divides_by_ar_at_the_same_concurrency(root):
     assert rows.ar_ttft_p50_ms[1] == pytest.approx(50)
     assert rows.tpot_mean_ms[1] == pytest.approx(100) and rows.ar_tpot_p99_ms[1] == pytest.approx(100)
     assert rows.mean_acceptance_length[1] == pytest.approx(2.5)
-    assert rows[["position_1", "position_2", "position_3"]].iloc[0].tolist() == pytest.approx([0.8, 0.5, 0.2])
-    assert math.isnan(rows.position_4[1])  # no draft reached position 4: unknown, not 0
+    # vLLM's per-position rate: of all 10 drafts, 8, 5 and 2 accepted positions 1, 2 and 3
+    assert rows[["per_position_rate_1", "per_position_rate_2", "per_position_rate_3"]].iloc[0].tolist() == \
+        pytest.approx([0.8, 0.5, 0.2])
+    assert math.isnan(rows.per_position_rate_4[1])  # no draft reached position 4: unknown, not 0
     assert rows.identical[1] == 3 and rows.requests[1] == 4 and rows.runs[1] == 1
+
+
+def test_a_load_file_of_before_the_rename_is_read_with_vllms_definition_under_its_name(tmp_path):
+    """load.jsonl once called vLLM's per-position rate (of all drafts) acceptance_by_position, summary.json's name of
+    the share of the drafts that reached a position: an older file is read as what it recorded."""
+    run = vllm_run(tmp_path / "old")
+    lines = [json.loads(line) for line in (run / LOAD_FILE).read_text().splitlines()]
+    for line in lines:
+        line["acceptance_by_position"] = line.pop("per_position_acceptance_rate")
+    (run / LOAD_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    method = read_load_levels(run)[1]
+    assert method["per_position_acceptance_rate"] == pytest.approx([0.8, 0.5, 0.2]) and method["role"] == "method"
+    assert "acceptance_by_position" not in method
+    rows = load_table(load_runs([tmp_path], with_steps=False).load).xs(("m", "pld@vllm"))
+    assert rows.per_position_rate_2[1] == pytest.approx(0.5) and rows.mean_acceptance_length[1] == pytest.approx(2.5)
+
+
+def test_a_level_figures_vllms_per_position_rate_of_all_drafts_not_the_share_of_those_that_reached_it():
+    """Drafts of different depths tell the two definitions apart from position 2 on: a 3-token draft that accepted
+    all 3 and a 1-token draft that accepted it. Of all drafts, 1/2 accepted position 2 (vLLM's
+    per_position_acceptance_rate); of the drafts that reached position 2, 1/1 (summary.json's
+    acceptance_by_position). A line holds the first, under its name, and MAL = 1 + (3 + 1) / 2."""
+    from specbench.measure import metrics
+
+    served = [ServedRequest(1, 0.1, 0.5, [5, 6, 7, 8, 9], [3], [4]), ServedRequest(2, 0.1, 0.3, [5, 6], [1], [2])]
+    line = summarise_level(2, "method", "suffix@vllm", served, 1.0).to_line()
+    assert line["per_position_acceptance_rate"] == [1.0, 0.5, 0.5]
+    assert metrics.acceptance_by_position([4, 2], [3, 1]) == [1.0, 1.0, 1.0]  # the other definition
+    assert (line["drafts"], line["draft_tokens"], line["accepted_tokens"]) == (2, 4, 4)
+    assert line["mean_acceptance_length"] == 3.0 and line["output_tokens_per_s"] == 7.0
+
+
+def test_the_two_per_position_figures_have_two_names_and_two_headers(root):
+    """The load table shows vLLM's rate (of all drafts) under its own header; the acceptance table's accepted at
+    position i (of the drafts that reached it) keeps the other."""
+    from analysis.load import HEADERS
+    from analysis.tables import acceptance_headers
+
+    load_headers = {HEADERS[f"per_position_rate_{p}"] for p in range(1, 5)}
+    assert load_headers == {f"accepted at position {p} of all drafts" for p in range(1, 5)}
+    assert not load_headers & set(acceptance_headers().values())
+    line = read_load_levels(root / "vllm")[1]
+    assert "per_position_acceptance_rate" in line and "acceptance_by_position" not in line
 
 
 def test_a_level_without_its_ar_line_has_no_speedup(root):
@@ -137,7 +188,9 @@ def test_damaged_lines_of_load_jsonl_are_left_out_with_one_warning(tmp_path, cap
         loaded = load_runs([tmp_path], with_steps=False)
     assert len(loaded.load) == 7
     warnings = [record.getMessage() for record in caplog.records if LOAD_FILE in record.getMessage()]
-    assert len(warnings) == 1 and "line 8 has no concurrency" in warnings[0] and "line 9 repeats" in warnings[0]
+    assert len(warnings) == 1 and "line 8 has concurrency 0, not a whole number" in warnings[0]
+    assert "line 9 repeats concurrency 1 baseline of line 1" in warnings[0] and "line 10 is not valid JSON" in warnings[0]
+    assert "line 11" not in warnings[0]  # the last line, cut short: an interrupted write, measured again on resume
 
 
 def test_tables_prints_the_load_table_only_when_a_run_ran_under_load(root, plain, capsys):

@@ -7,17 +7,23 @@ question, and the engine is closed however the run ends."""
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+import specbench.config as config
 import specbench.runner as runner
 from specbench.config import compose
 from specbench.engines.base import BASELINE, METHOD, Engine, SkipQuestion
-from specbench.engines.vllm import steps_from_counts
-from specbench.results.load import token_digest
-from specbench.engines.vllm_requests import Completion, top_arrays
+from specbench.engines.vllm import VllmEngine, steps_from_counts
+from specbench.engines.vllm_requests import top_arrays
 from specbench.errors import SpecbenchError
-from specbench.results.load import LOAD_FILE, read_load_levels
+from specbench.results.load import LOAD_FILE, ServedRequest, read_load_levels, token_digest
 from specbench.results.readers import read_answers, read_jsonl_records
 from specbench.runner import run_benchmark
 
@@ -45,12 +51,19 @@ class ScriptedEngine(Engine):
     model_name, drafter_name, dtype, greedy = "tiny-random", "pld", "float32", True
     decoded_by = {METHOD: "pld@vllm", BASELINE: "ar@vllm"}
     method_suffix = "@vllm"
+    name = "vllm"
+    check_config = VllmEngine.check_config  # the configuration is checked as engine=vllm's
+
+    @classmethod
+    def load(cls, engine, model_node, drafter_node, settings, processes):
+        raise AssertionError("the runner loads the engine run_with gives it")
 
     def __init__(self, cfg, fail_at=None, timeout=None, fail_answer=None):
         self.paired = bool(cfg.engine.paired)
         self.load_levels = list(cfg.engine.concurrency)
         self.fail_at, self.timeout, self.fail_answer = fail_at, timeout, fail_answer
         self.answered, self.served, self.warmed, self.closed = [], [], [], 0
+        self.warm_ups, self.warm = [], set()  # each level's warm-up: (concurrency, role, questions, max tokens)
 
     def run_settings(self):
         return {"model_source": "scripted", "dtype": "float32", "device": "cpu", "threads": None,
@@ -86,17 +99,25 @@ class ScriptedEngine(Engine):
                       steps=[steps_from_counts(10, len(tokens), spec)],
                       wall_times=[0.5 if role == METHOD else 1.0], top=[top])
 
-    def serve(self, prompts, role, concurrency):
+    def serve(self, prompts, role, concurrency, max_new_tokens=None):
+        if max_new_tokens is not None:  # a level's warm-up: untimed, its requests thrown away
+            self.warm_ups.append((concurrency, role, [prompt.question_id for prompt in prompts], max_new_tokens))
+            self.warm.add((concurrency, role))
+            return [], 1.0
         self.served.append((concurrency, role))
         if self.fail_at is not None and self.fail_at[:2] == (concurrency, role):
             raise self.fail_at[2]
-        completions = []
+        # an engine not warmed at this concurrency (vLLM: compiling for the batch's shapes) takes 0.9 s to a
+        # first token, a warmed one 0.1 s per request ahead of it
+        cold = (concurrency, role) not in self.warm
+        served = []
         for index, prompt in enumerate(prompts):
-            spec = ({"num_spec_steps": 2, "num_draft_tokens": 6, "num_accepted_draft_tokens": 3, "num_spec_tokens": 3,
-                     "per_step_drafted": [3, 3], "per_step_accepted": [2, 1]} if role == METHOD else None)
-            completions.append(Completion(prompt.question_id, tokens_of(prompt.question_id), 0.1 * (index + 1),
-                                          0.1 * (index + 1) + 0.5, spec, None, "length"))
-        return completions, 2.0 if role == BASELINE else 1.0
+            # the method: two verify steps of 3 draft tokens, 2 and 1 accepted (accept lengths 3 and 2)
+            depths, lengths = ([3, 3], [3, 2]) if role == METHOD else (None, None)
+            first = 0.9 if cold else 0.1 * (index + 1)
+            served.append(ServedRequest(prompt.question_id, first, first + 0.5, tokens_of(prompt.question_id),
+                                        depths, lengths))
+        return served, 2.0 if role == BASELINE else 1.0
 
     def save_state(self, run_dir):
         pass
@@ -109,7 +130,9 @@ def run_with(monkeypatch, tmp_path, overrides=(), **script):
     """One session of the run in ``tmp_path``: its configuration, its scripted engine, what it returned."""
     cfg = compose([*VLLM, *overrides])
     engine = ScriptedEngine(cfg, **script)
-    monkeypatch.setattr(runner, "load_engine", lambda *args: engine)
+    loads = type("Loads", (), {"load": staticmethod(lambda *args: engine), "starts_processes": False})
+    # chosen as engine=vllm is (its settings checked by VllmEngine), loaded as the scripted engine
+    monkeypatch.setattr(runner, "choose_engine", lambda cfg_: (loads, config.choose_engine(cfg_)[1]))
     return engine, lambda: run_benchmark(cfg, str(tmp_path))
 
 
@@ -156,7 +179,8 @@ def test_a_run_under_load_records_a_line_per_level_and_role(monkeypatch, tmp_pat
         if line["role"] == METHOD:
             assert line["identical_to_baseline"] == 3
             assert line["drafts"] == 6 and line["accepted_tokens"] == 9 and line["mean_acceptance_length"] == 2.5
-            assert line["acceptance_by_position"] == [1.0, 0.5, 0.0]
+            assert line["per_position_acceptance_rate"] == [1.0, 0.5, 0.0]  # of all 6 drafts
+            assert "acceptance_by_position" not in line  # summary.json's other definition has that name
             assert line["output_tokens_per_s"] == 18.0
         else:
             assert line["identical_to_baseline"] is None and line["drafts"] is None
@@ -268,3 +292,204 @@ def test_a_vllm_run_directory_refuses_another_context_but_takes_more_levels(monk
     more, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[2]"])
     run()
     assert more.served == [(2, BASELINE), (2, METHOD)] and more.answered == []
+
+
+# --- every level measured as the first was: warmed at its concurrency, over the file's questions ----------------
+
+def test_a_level_measured_in_a_later_session_is_warmed_as_the_first_was(monkeypatch, tmp_path):
+    """A session that only extends the sweep (every paired question done) starts engines that nothing warmed: each
+    level and role is preceded by the same untimed warm-up at its own concurrency (run.warmup_runs rounds of its
+    first questions, run.warmup_max_new_tokens each), so the later level's first tokens come as the first's did
+    (the scripted engine takes 0.9 s to a first token when not warmed at that concurrency, 0.1 s per request
+    ahead of it warmed) and each line says how it was warmed."""
+    engine, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[2]"])
+    run()
+    assert engine.warm_ups == [(2, BASELINE, [1013, 1014], 32), (2, METHOD, [1013, 1014], 32)]
+    again, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[2,3]"])
+    run()
+    assert again.answered == [] and again.served == [(3, BASELINE), (3, METHOD)]
+    assert again.warm_ups == [(3, BASELINE, list(QUESTIONS), 32), (3, METHOD, list(QUESTIONS), 32)]
+    levels = read_load_levels(tmp_path)
+    assert [line["ttft_s"]["mean"] for line in levels] == pytest.approx([0.2] * 4)  # cold: 0.9
+    assert [line["warm_up"] for line in levels] == [{"runs": 1, "max_new_tokens": 32}] * 4
+
+
+def test_the_level_warm_up_follows_the_runs_warm_up_settings(monkeypatch, tmp_path):
+    engine, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1]", "run.warmup_runs=2",
+                                                   "run.warmup_max_new_tokens=8"])
+    run()
+    assert engine.warm_ups == [(1, BASELINE, [1013], 8)] * 2 + [(1, METHOD, [1013], 8)] * 2
+    assert read_load_levels(tmp_path)[0]["warm_up"] == {"runs": 2, "max_new_tokens": 8}
+
+
+def test_levels_measured_after_another_warm_up_are_refused_before_anything_loads(monkeypatch, tmp_path):
+    """A load.jsonl written before levels were warmed (no warm_up on its lines) holds levels that do not compare
+    with warmed ones: extending it is one line naming the file, before the engine loads."""
+    _, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1]"])
+    run()
+    lines = [json.loads(line) for line in lines_of(tmp_path)]
+    (tmp_path / LOAD_FILE).write_text("".join(json.dumps({key: value for key, value in line.items()
+                                                          if key != "warm_up"}) + "\n" for line in lines))
+    refused, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1,2]"])
+    with pytest.raises(SpecbenchError) as error:
+        run()
+    line = one_line(error)
+    assert line.startswith(f"{tmp_path / LOAD_FILE} holds load levels measured after no recorded warm-up")
+    assert "{\"max_new_tokens\":32,\"runs\":1}" in line and "another run directory" in line
+    assert refused.closed == 0 and refused.served == [] and len(lines_of(tmp_path)) == 2
+
+
+def test_a_load_run_resumed_over_other_questions_is_refused_in_one_line(monkeypatch, tmp_path):
+    """task.tasks and task.limit_per_task may change between sessions (a paired run extended to more questions),
+    but a load.jsonl holds one question set: more levels over other questions are refused before anything loads."""
+    _, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1]"])
+    run()
+    refused, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1,2]", "task.limit_per_task=4"])
+    with pytest.raises(SpecbenchError) as error:
+        run()
+    line = one_line(error)
+    assert line.startswith(f"{tmp_path / LOAD_FILE} holds load levels over 3 questions; this run would submit 4 "
+                           "(1 not in it (1016))")
+    assert "task.limit_per_task" in line and "hydra.run.dir" in line
+    assert refused.closed == 0 and len(lines_of(tmp_path)) == 2
+    same, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1,2]"])  # the same questions: extended
+    run()
+    assert same.served == [(2, BASELINE), (2, METHOD)]
+
+
+def test_the_reader_leaves_out_a_level_over_other_questions_or_warmed_otherwise_and_names_it(tmp_path):
+    from specbench.results.load import read_load_lines, summarise_level
+
+    def level(concurrency, questions, warm_up):
+        served = [ServedRequest(question, 0.1, 0.3, tokens_of(question)) for question in questions]
+        return json.dumps(summarise_level(concurrency, BASELINE, "ar@vllm", served, 1.0, warm_up=warm_up).to_line())
+
+    warm = {"runs": 1, "max_new_tokens": 32}
+    (tmp_path / LOAD_FILE).write_text("\n".join([level(1, QUESTIONS, warm), level(2, QUESTIONS[:2], warm),
+                                                 level(4, QUESTIONS[::-1], warm), level(8, QUESTIONS, None),
+                                                 level(16, QUESTIONS, {"runs": 0, "max_new_tokens": 32})]) + "\n")
+    lines = read_load_lines(tmp_path)
+    assert [line["concurrency"] for line in lines.levels] == [1, 4]  # the order of submission aside, one set
+    assert lines.left_out == [
+        (2, "is over 2 questions other than line 1's 3: a file holds one question set"),
+        (4, "was measured after another warm-up (null) than line 1 ({\"max_new_tokens\":32,\"runs\":1})"),
+        (5, "was measured after another warm-up ({\"max_new_tokens\":32,\"runs\":0}) than line 1 "
+            "({\"max_new_tokens\":32,\"runs\":1})")]
+
+
+# --- damaged lines: one reader for resuming and analysis --------------------------------------------------------
+
+def damaged(line: str, how: str) -> str:
+    """A whole line of load.jsonl (its newline kept) damaged ``how``."""
+    record = json.loads(line)
+    if how == "no role":
+        del record["role"]
+    elif how == "concurrency not a number":
+        record["concurrency"] = "four"
+    elif how == "a list":
+        record = [record["concurrency"], record["role"]]
+    elif how == "garbled":
+        return line[:25] + "\n"
+    elif how == "negative throughput":
+        record["output_tokens_per_s"] = -9.0
+    elif how == "infinite throughput":
+        record["output_tokens_per_s"] = float("inf")  # written as Infinity, which Python's json reads back
+    elif how == "zero duration":
+        record["duration_s"] = 0.0
+    elif how == "no requests":
+        record["requests"] = 0
+    elif how == "negative time to first token":
+        record["ttft_s"]["p50"] = -0.1
+    elif how == "a throughput that is not its tokens over its time":
+        record["output_tokens_per_s"] *= 2
+    return json.dumps(record) + "\n"
+
+
+DAMAGES = {  # how -> what the warning says of the line
+    "no role": "has no role (baseline or method)",
+    "concurrency not a number": 'has concurrency "four", not a whole number of requests of 1 or more',
+    "a list": "is an array, not a level (an object)",
+    "garbled": "is not valid JSON",
+    "negative throughput": "has output_tokens_per_s -9.0, not a finite number of 0 or more",
+    "infinite throughput": "has output_tokens_per_s Infinity, not a finite number of 0 or more",
+    "zero duration": "has duration_s 0.0, not a positive number of seconds",
+    "no requests": "has requests 0, not a whole number of 1 or more",
+    "negative time to first token": "has ttft_s",
+    "a throughput that is not its tokens over its time": "has output_tokens_per_s 36.0, which is not its count over "
+                                                         "duration_s (18 / 1.0)",
+}
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_line_is_left_out_named_and_its_level_measured_again_on_resume(monkeypatch, tmp_path, caplog, how):
+    """Line 4 (the method at 4 in flight) damaged: the resume is no traceback before anything loads; the line is
+    named (file, line, why) in one warning and left out, and that level alone is measured again."""
+    _, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1,4]"])
+    run()
+    lines = lines_of(tmp_path)
+    (tmp_path / LOAD_FILE).write_text("".join(lines[:3]) + damaged(lines[3], how))
+    again, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1,4]"])
+    with caplog.at_level(logging.WARNING):
+        run()
+    assert again.served == [(4, METHOD)]
+    warnings = {record.getMessage() for record in caplog.records if LOAD_FILE in record.getMessage()}
+    assert len(warnings) == 1
+    [warning] = warnings
+    assert warning.startswith(f"{tmp_path / LOAD_FILE}: line 4 {DAMAGES[how]}") and "1 line(s) left out" in warning
+    levels = read_load_levels(tmp_path)
+    assert [(line["concurrency"], line["role"]) for line in levels] == [
+        (1, BASELINE), (1, METHOD), (4, BASELINE), (4, METHOD)]
+    assert levels[-1]["output_tokens_per_s"] == 18.0 and levels[-1]["identical_to_baseline"] == 3
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_analysis_reads_a_damaged_line_through_the_same_reader(monkeypatch, tmp_path, how):
+    """Analysis leaves the same line out with the same words (the one reader), and shows no figure of it: the
+    level's method columns and speedup are unknown, not a number made of the damaged line."""
+    from analysis.load import load_table
+    from analysis.runs import load_runs
+
+    _, run = run_with(monkeypatch, tmp_path / "run", ["engine.concurrency=[1,4]"])
+    run()
+    lines = lines_of(tmp_path / "run")
+    (tmp_path / "run" / LOAD_FILE).write_text("".join(lines[:3]) + damaged(lines[3], how))
+    loaded = load_runs([tmp_path], with_steps=False)
+    [problem] = [problem for problem in loaded.problems if LOAD_FILE in problem]
+    assert f"{LOAD_FILE}: line 4 {DAMAGES[how]}" in problem
+    assert sorted(zip(loaded.load.concurrency, loaded.load.role)) == [(1, BASELINE), (1, METHOD), (4, BASELINE)]
+    table = load_table(loaded.load)
+    assert table.speedup.tolist()[0] == 2.0 and math.isnan(table.speedup.tolist()[1])
+    assert table.ar_tokens_per_s.tolist() == [9.0, 9.0] and table.tokens_per_s.tolist()[0] == 18.0
+
+
+# --- the run owns its engine's processes -------------------------------------------------------------------------
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc")
+def test_the_runner_ends_the_processes_an_engine_leaves_and_those_a_killed_session_left(monkeypatch, tmp_path):
+    """An engine that starts processes (starts_processes, as vLLM's) and leaves one running after close: the run
+    ends it before it returns. A process a killed earlier session of the directory left (its token in the record,
+    that session's process gone) is ended before the new session starts."""
+    from specbench.run.owned_processes import PROCESSES_FILE, TOKEN_VARIABLE, process_info
+
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                env={**os.environ, TOKEN_VARIABLE: "killed-session"})
+    (tmp_path / PROCESSES_FILE).write_text(json.dumps({"token": "killed-session", "main": {"pid": 1, "start": -1}}))
+    engine, run = run_with(monkeypatch, tmp_path)
+    children = []
+
+    def load(*args):
+        children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]))
+        assert leftover.poll() is not None  # ended before this session's engine loads
+        return engine
+
+    monkeypatch.setattr(runner, "choose_engine", lambda cfg_: (
+        type("Starts", (), {"load": staticmethod(load), "starts_processes": True}), config.choose_engine(cfg_)[1]))
+    try:
+        run()
+        assert engine.closed == 1 and children[0].wait(timeout=1) == -15  # SIGTERM, before run() returned
+        assert not (tmp_path / PROCESSES_FILE).exists() and process_info(children[0].pid) is None
+    finally:
+        for process in (leftover, *children):
+            if process.poll() is None:
+                process.kill()
+                process.wait()

@@ -161,6 +161,19 @@ def test_lossless_against_greedy_through_the_loop(tiny, prompt_ids, random_heads
         assert (first.draft_depth, first.candidate_tokens) == (4, 63)
 
 
+def test_a_prepared_head_drafter_shares_its_heads_directory_and_frees_them(tiny, random_heads_path):
+    """The drafter contract's word to another engine (vLLM): where the same heads load from, and their release."""
+    from specbench.decoding.contract import SharedWeights
+
+    drafter = Medusa(head={"path": random_heads_path})
+    assert drafter.shared_weights() is None  # not prepared: nothing loaded yet
+    drafter.prepare(tiny)
+    assert drafter.shared_weights() == SharedWeights("head", random_heads_path)
+    assert drafter.draft_weights_fingerprint() is None  # a head, not a draft model: run.json records none
+    drafter.release_weights()
+    assert drafter.head is None
+
+
 @pytest.mark.slow  # 2000 seeded decodes, 90 s on 2 cores; test_sampling.py samples eagle3's deterministic tree by default
 def test_lossless_at_temperature_one(tmp_path):
     """The sampled output keeps the target's distribution (test_sampling's enumeration and bounds): the draft is
@@ -207,3 +220,28 @@ def test_bad_settings_and_unknown_targets_are_one_line_errors(tiny, random_heads
     assert "holds 5 heads; drafter.heads=6" in refusal(Medusa(heads=6, head={"path": random_heads_path}).prepare,
                                                         tiny)
     assert "prepare(target) must run" in refusal(Medusa().begin, np.array([1]))
+
+
+def test_heads_trained_fewer_than_the_drafter_reads_are_refused_before_they_are_built(tiny, monkeypatch, capsys):
+    # heads_by_model's {trained: {heads: 0}} once published an empty head, which a run then refused with a hint
+    # rebuilding the same thing: a recipe's count is checked where the drafter names its artefacts (the run and
+    # prepare's plan alike), and one that trains fewer heads than the drafter reads too, before any build.
+    import specbench.artefacts.trained_head as trained_heads
+    from specbench import prepare
+
+    monkeypatch.setattr(trained_heads, "build_trained_head", lambda *args, **kwargs: pytest.fail("built"))
+    for heads, message in ((0, "medusa training heads must be an integer >= 1, got 0"),
+                           (2, "drafter=medusa reads 4 Medusa heads (drafter.heads); its entry "
+                               "heads_by_model.tiny-random trains 2 (trained.heads): train at least 4")):
+        drafter = Medusa(heads_by_model={"tiny-random": {"trained": {"train_steps": 0, "heads": heads}}})
+        assert refusal(drafter.artefacts, tiny).startswith(message)
+        assert refusal(drafter.prepare, tiny).startswith(message)
+    assert refusal(Medusa(heads_by_model={"tiny-random": {"trained": {"layers": 0}}}).artefacts, tiny) == (
+        "medusa training layers must be an integer >= 1, got 0")
+    # prepare's plan: one line, exit 2, nothing planned
+    with pytest.raises(SystemExit) as status:
+        prepare.main(["--model", "tiny-random", "--drafters", "medusa", "--dry-run",
+                      "+drafter.heads_by_model.tiny-random.trained.heads=0"])
+    out, err = capsys.readouterr()
+    assert status.value.code == 2 and "what the runs" not in out
+    assert err.strip().splitlines() == ["prepare: error: medusa training heads must be an integer >= 1, got 0"]

@@ -94,6 +94,51 @@ def test_a_damaged_shipped_manifest_is_planned_as_damaged(package_copy, text):
     assert shipped_manifest("smollm2-135m") is None  # and nothing is installed from it
 
 
+def edited_manifest(**changes):
+    def edit(folder: Path) -> None:
+        file = folder / "answers-smollm2-135m.json"
+        file.write_text(json.dumps({**json.loads(file.read_text()), **changes}))
+    return edit
+
+
+# Shipped copies damaged in ways each part of the install reads, and one intact (the plan must say the same for all)
+SHIPPED_CASES = {
+    "intact": lambda folder: None,
+    "generated is no table": edited_manifest(generated="a machine"),
+    "generated is a list": edited_manifest(generated=[1, 2]),
+    "other answer count": edited_manifest(answers=95),
+    "other checksum": edited_manifest(sha256="0" * 64),
+    "file elsewhere": edited_manifest(file="answers-smollm2-135m--none.jsonl.gz"),
+    "other key": edited_manifest(key="0123456789"),
+    "another set's manifest damaged": lambda folder: (folder / "answers-smollm2-135m--other.json").write_text("{"),
+}
+
+
+@pytest.mark.parametrize("case", SHIPPED_CASES)
+def test_the_plan_promises_exactly_what_the_install_does(package_copy, tmp_path, case, caplog):
+    """The plan's verdict and the install's come from one check (target_answers.shipped_answer_set): planned as
+    shipped exactly when the install then installs a copy that loads, else planned for a build, and the install
+    warns and returns (never a traceback after publishing, as a manifest whose 'generated' was not a table gave)."""
+    folder, model, manifest = package_copy
+    SHIPPED_CASES[case](folder)
+    prompts = resolve_prompts(None)
+    planned = planned_answers(model, prompts, manifest["max_new_tokens"])
+    directory = tmp_path / "installed"
+    with caplog.at_level(logging.INFO):
+        installed = answers_module.install_shipped_answers(
+            model, directory, answers_module.answers_settings(model, prompts, manifest["max_new_tokens"]))
+    assert planned.shipped == installed == (case in ("intact", "another set's manifest damaged")), planned.state()
+    assert planned.needs_build() == (not installed)
+    if installed:
+        assert len(answers_module.read_answers(directory, len(prompts))) == len(prompts)
+    elif case == "other key":  # another answer set: planned as a build, with no word of damage
+        assert planned.state().startswith("to build, about") and planned.shipped_damage is None
+    else:
+        assert planned.state().startswith("the copy shipped with specbench is damaged ("), planned.state()
+        assert any(record.getMessage().startswith(f"the answers shipped with specbench for {model.name} are "
+                                                  "damaged (") for record in caplog.records)
+
+
 # ---- the dry run of python -m specbench.prepare -----------------------------------------------------------------
 
 
@@ -224,3 +269,42 @@ def test_prepare_plans_and_rebuilds_a_damaged_cached_artefact(corpus_cache, caps
     lines = run_prepare(capsys)
     assert "prepare: building what drafter=rest needs" in lines and lines[-1].startswith("prepare: done")
     assert run_prepare(capsys, "--dry-run")[-1] == "  nothing to build"
+
+
+def test_a_cached_copy_whole_to_its_manifest_that_its_load_refuses_is_planned_for_a_build(corpus_cache, capsys):
+    """Files as their manifest records them are not enough: the plan checks what the run checks (the artefact's own
+    load), so a datastore of another format version is planned as a rebuild, and prepare rebuilds it, where a plan
+    that read the manifest's records alone said "cached" and the run then rebuilt it with a warning."""
+    from specbench.storage.publish import replace_directory
+
+    run_prepare(capsys)
+    [store] = [path for path in (corpus_cache / "datastores").iterdir() if path.is_symlink()]
+    manifest = json.loads((store / "manifest.json").read_text())
+    arrays = {file: (store / file).read_bytes() for file in manifest["files"]}
+
+    def write(version: Path) -> None:
+        for file, data in arrays.items():
+            (version / file).write_bytes(data)
+
+    # published whole, as a specbench of another datastore format would: every file as its manifest records
+    replace_directory(store, write, {**{key: value for key, value in manifest.items() if key != "files"},
+                                     "format_version": -1})
+    lines = run_prepare(capsys, "--dry-run")
+    [line] = [line for line in lines if "the datastore of python-docs" in line]
+    assert ": the cached copy is damaged (" in line and "datastore format -1, expected" in line, line
+    assert "): to build, about" in line and lines[-1].startswith("  1 to build, ")
+    run_prepare(capsys)
+    assert run_prepare(capsys, "--dry-run")[-1] == "  nothing to build"
+
+
+def test_cached_answers_of_another_count_are_planned_as_damaged(tiny, installed, monkeypatch, tmp_path):
+    """Target answers published whole but holding fewer rows than the prompts (what read_answers refuses)."""
+    from specbench.storage.publish import replace_directory
+
+    _, directory = installed
+    monkeypatch.setattr(answers_module, "SHIPPED_ANSWERS_DIR", tmp_path / "nothing-shipped")
+    rows = (directory / "answers.jsonl").read_bytes().splitlines(keepends=True)
+    replace_directory(directory, lambda version: (version / "answers.jsonl").write_bytes(b"".join(rows[:2])),
+                      {"kind": "target answers"})
+    planned = planned_answers(tiny, PROMPTS, 4)
+    assert planned.needs_build() and "does not hold 3 answers of token ids" in planned.state(), planned.state()

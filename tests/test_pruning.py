@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,6 +70,25 @@ def test_an_identical_draft_model_has_every_token_accepted(tiny, prompt_ids, cap
         # The first draft comes from the prompt (transformers' assisted decoding), so the prefill settles nothing:
         # six full drafts of 4 + the bonus, then the 31st token alone.
         assert [s.accepted_tokens for s in generation.steps] == [0] + [5] * 6 + [1]
+
+
+def test_a_prepared_draft_model_shares_its_directory_and_fingerprint_and_frees_them(tiny, tmp_path):
+    """The drafter contract's word to another engine (vLLM) and to run.json: where the same draft loads from (the
+    pruned draft's cache directory), its weights' fingerprint, and its release."""
+    from specbench.decoding.contract import SharedWeights
+    from specbench.targets.transformers import weights_fingerprint
+
+    drafter = DraftModel(drafts_by_family={"tiny-random": {"pruned": {"layers": 1, "selection": "first",
+                                                                      "distill_tokens": 0}}}, cache_dir=str(tmp_path))
+    assert drafter.shared_weights() is None and drafter.draft_weights_fingerprint() is None
+    drafter.prepare(tiny)
+    shared = drafter.shared_weights()
+    assert shared.kind == "draft_model" and Path(shared.location).parent.parent == tmp_path
+    assert (Path(shared.location) / "config.json").is_file()  # a checkpoint another engine can read
+    assert drafter.draft_weights_fingerprint() == weights_fingerprint(drafter.draft)
+    drafter.release_weights()
+    assert drafter.draft is None and drafter.draft_weights_fingerprint() is None
+    assert shared == SharedWeights("draft_model", shared.location)
 
 
 def test_a_draft_checkpoint_that_does_not_load_is_a_clear_error(tiny, tmp_path):

@@ -18,7 +18,7 @@ import torch
 
 import specbench.models.tiny as tiny_module
 from specbench.storage.publish import replace_directory
-from specbench.config import compose, group_options
+from specbench.config import choose_engine, compose, group_options
 from specbench.errors import SpecbenchError
 from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended, safe_threads
 from specbench.artefacts.gguf_conversion import CHECKSUM_FILE, converted_copy_problem, gguf_digest
@@ -53,35 +53,42 @@ def test_every_key_of_every_config_is_recorded_or_listed_as_not_affecting_result
     NOT_RESULT_SETTINGS names it with a reason; so resuming with it changed is refused."""
     from omegaconf import OmegaConf
 
+    from specbench.targets.choice import DEFAULT_NODE
+
     used_exclusions = set()
     for group in ("model", "drafter", "task"):
         for option in group_options(group):
             cfg = compose([f"{group}={option}"])
-            recorded = config_settings(cfg)
+            recorded = config_settings(cfg, None)
             node = OmegaConf.to_container(cfg[group], resolve=True)
             for key in node:
                 dotted = f"{group}.{key}"
                 if dotted in NOT_RESULT_SETTINGS:
                     used_exclusions.add(dotted)
                     assert key not in recorded[RESULT_GROUPS[group]]
+                elif dotted == "model.target":  # recorded only when not the transformers target (test_target_choice)
+                    assert node[key] == DEFAULT_NODE and key not in recorded["model_config"], option
                 else:
                     assert recorded[RESULT_GROUPS[group]][key] == node[key], dotted
-    for option in group_options("engine"):
+    for option in group_options("engine"):  # an engine says which of its settings are no result (its settings')
         cfg = compose([f"engine={option}"])
-        recorded = config_settings(cfg)
+        engine = choose_engine(cfg)[1]
+        recorded = config_settings(cfg, engine.identity())
         node = OmegaConf.to_container(cfg.engine, resolve=True)
         if node["name"] == "specbench":  # the specbench loop records no "engine": older run.json files match it
             assert "engine" not in recorded
             continue
+        assert set(engine.NOT_RESULT_SETTINGS) <= set(node)  # no stale entry
         for key in node:
-            dotted = f"engine.{key}"
-            if dotted in NOT_RESULT_SETTINGS:
-                used_exclusions.add(dotted)
+            if key in engine.NOT_RESULT_SETTINGS or key == "_target_":  # the class is the one engine.name names
                 assert key not in recorded["engine"]
             else:
-                assert recorded["engine"][key] == node[key], dotted
+                assert recorded["engine"][key] == node[key], f"engine.{key}"
     run_node = OmegaConf.to_container(compose([]).run, resolve=True)
-    assert config_settings(compose([]))["run"] == run_node
+    judged = {f"run.{key}" for key in run_node} & set(NOT_RESULT_SETTINGS)  # verdict thresholds, not results
+    used_exclusions |= judged
+    assert config_settings(compose([]), None)["run"] == {key: value for key, value in run_node.items()
+                                                   if f"run.{key}" not in judged}
     assert used_exclusions == set(NOT_RESULT_SETTINGS)  # no stale entry
 
 
@@ -445,7 +452,8 @@ def test_a_run_on_a_busy_machine_is_flagged_in_summary_and_table():
     check = TimingCheck(threads=2, usable_cores=2, other_load_at_start=0.0)
     quiet = [answer_line(q, 100, 4.0, 0.1) for q in (1, 2, 3)]
     assert check.report(quiet, quiet) == {"trustworthy": True, "warnings": [], "threads": 2, "usable_cores": 2,
-                                          "other_load": 0.0}
+                                          "other_load": 0.0, "stalls": {"stalled_questions": [], "not_measured": 0,
+                                                                        "not_checked": 3}}
     busy = [*quiet, answer_line(4, 100, 4.0, 1.0)]
     report = check.report(busy, busy)
     assert not report["trustworthy"] and report["warnings"] == ["question 4: other processes kept 1.0 of 2 cores busy"]
@@ -485,10 +493,11 @@ def test_a_long_prefill_before_a_short_answer_is_not_a_slow_machine():
 
 def test_summaries_record_the_timing_check_and_each_question_its_contention(tmp_path):
     summary = run_benchmark(compose(TINY), str(tmp_path))
-    assert set(summary["timing"]) == {"trustworthy", "warnings", "threads", "usable_cores", "other_load"}
+    assert set(summary["timing"]) == {"trustworthy", "warnings", "threads", "usable_cores", "other_load", "stalls"}
     assert summary["timing"]["threads"] == torch.get_num_threads()
     (record,) = read_answers(tmp_path)
     assert set(record["specbench"]["contention"]) == {"other_cores", "threads", "usable_cores"}
+    assert set(record["specbench"]["stalls"]["roles"]) == {"method", "baseline"}  # tests/test_stalls.py: the rest
     (baseline,) = read_run_results(tmp_path, True).baseline
     for answer in (record, baseline):  # each turn's prefill, inside its wall time
         prefill, wall = answer["specbench"]["prefill_s"], answer["choices"][0]["wall_time"]

@@ -10,6 +10,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra.utils import get_class
@@ -22,8 +23,11 @@ from specbench.run.instantiate import build
 
 # lookups keyed by model or family: their entries are the loaders' (pruned drafts, trained heads), not settings
 LOOKUPS = ("_by_family", "_by_model")
-BAD = {"count": [math.inf, -math.inf, math.nan, 2.5, "4", True], "real": [math.inf, -math.inf, math.nan, "0.5", True],
-       "flag": ["no", 1]}
+# Besides wrong types and non-finite numbers, finite values at the edge of the range: a count past int64 (2**63)
+# and a real past float32 (1e39), which once passed the sign checks and overflowed what they fed in a traceback
+# (a SuffixDecoding max_spec_factor of 1e39: int() of float32 inf).
+BAD = {"count": [math.inf, -math.inf, math.nan, 2.5, "4", True, 2**63],
+       "real": [math.inf, -math.inf, math.nan, "0.5", True, 1e39], "flag": ["no", 1]}
 CONF = Path(__file__).resolve().parents[1] / "conf" / "drafter"
 
 
@@ -132,6 +136,44 @@ def test_each_drafter_builds_with_its_own_values(name):
 def test_bad_eagle_feature_layers_are_refused(name, value):
     message = refusal(build, with_value(name, "feature_layers", value))
     assert "drafter.feature_layers" in message, message
+
+
+def test_the_largest_count_and_the_largest_scaling_numbers_are_taken_and_one_more_is_refused():
+    # The top of each range builds and works; just past it, one line naming the key, the value and the range.
+    from specbench.drafters.base import MAX_COUNT
+    from specbench.training import pruning
+
+    assert MAX_COUNT == pruning._MOST == 2**31 - 1  # a drafter's pruned entry has the same bound
+    assert build(with_value("suffix", "max_cached_requests", MAX_COUNT)).max_cached_requests == MAX_COUNT
+    assert refusal(build, with_value("suffix", "max_cached_requests", MAX_COUNT + 1)) == (
+        "drafter.max_cached_requests must be a non-negative integer <= 2147483647, got 2147483648")
+    assert refusal(build, with_value("pld", "num_draft_tokens", 2**63)) == (
+        "drafter.num_draft_tokens must be a positive integer <= 2147483647, got 9223372036854775808")
+    assert refusal(build, with_value("lookahead", "ngram_size", 2**31)) == (
+        "drafter.ngram_size must be an integer in [3, 2147483647] (a window of at least 2 levels), got 2147483648")
+    assert refusal(build, with_value("pld", "no_match_token", 2**63)) == (
+        "drafter.no_match_token must be a token id (an integer in [0, 2147483647]) or null, got 9223372036854775808")
+    # SuffixDecoding's factor and offset, at most max_spec_tokens (null: max_tree_depth, 24): a 1-token match then
+    # already drafts max_spec_tokens tokens; 1e39, inf in the reference's float32, was a traceback in int().
+    assert refusal(build, with_value("suffix", "max_spec_factor", 1e39)) == (
+        "drafter.max_spec_factor must be a number in [0, 24], not inf or nan, got 1e+39 (at max_spec_tokens=24 every "
+        "match already drafts max_spec_tokens tokens)")
+    assert "drafter.max_spec_offset must be a number in [0, 24]" in refusal(
+        build, with_value("suffix", "max_spec_offset", 24.5))
+    suffix = build(with_value("suffix", "max_spec_factor", 24))
+    context = np.array(list(range(30, 60)) + [30])  # "30" occurs once before the end: 29 tokens follow it
+    assert len(suffix_draft(suffix, context)) == 23  # a 1-token match of a depth-24 tree: 24 - 1, the most
+    assert build(with_value("suffix", "max_spec_offset", 24)).max_spec_offset == 24.0
+    # SAM-Decoding's alpha, at most n_predicts (40): min(40, 1 + int(match x alpha)) is 40 for every match.
+    assert refusal(build, with_value("samd", "alpha", 1e308)) == (
+        "drafter.alpha must be a number in (0, 40], not inf or nan, got 1e+308 (at n_predicts=40 every match "
+        "already drafts n_predicts tokens)")
+    assert build(with_value("samd", "alpha", 40)).alpha == 40.0
+
+
+def suffix_draft(drafter, context) -> list[int]:
+    drafter.begin(context)
+    return drafter.propose(context).token_ids.tolist()
 
 
 @pytest.mark.parametrize("value, expected", [(4, 4.0), (0.5, 0.5)])

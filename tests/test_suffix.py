@@ -1,6 +1,12 @@
 """SuffixDecoding: the drafts of its suffix trees on hand-made cases (each expected value worked out by hand
 from the reference's rules, ArcticInference suffix_tree.cc), the per-request and global trees, eviction, the
-state carried across questions and the warm-up that does not teach it."""
+state carried across questions and the warm-up that does not teach it.
+
+Every guard of the matching code fails a case here or in test_drafter_guards.py when removed or flipped (checked by
+doing so), but those whose removal changes no draft: the early return on an empty tree or a one-token pattern (the
+loop then finds no match), speculate_path's fast path for one occurrence and _children's for one continuation (the
+general code gives the same), the end of a path with no continuation (``break`` or ``return``), and a pattern one token longer than
+``max_tree_depth`` (its longest match drafts nothing)."""
 
 import json
 
@@ -79,6 +85,42 @@ def test_occurrences_never_span_two_sequences():
     assert draft_of([5, 7], sequences=tree).token_ids == [8]
 
 
+def test_a_sequences_end_is_no_continuation_however_often_a_match_ends_there():
+    # "1 2" ends two of three responses and goes on to 3 in the third: 3 is its only continuation, at 1/3 (the two
+    # occurrences at a response's end count in the node's total, as the suffixes ending there do in the reference's
+    # node counts, and continue to nothing). The boundary between responses counted as a token would be drafted
+    # (-1, at 2/3).
+    draft = draft_of([5, 1, 2], sequences=tree_of([1, 2], [1, 2], [1, 2, 3]))
+    assert (draft.token_ids, draft.probs, draft.match_len) == ([3], [pytest.approx(1 / 3)], 2)
+
+
+def test_the_matched_tail_is_shorter_than_the_pattern_as_the_references_is():
+    # The reference matches m = 1 .. len(pattern) - 1 tokens (AI suffix_tree.cc:600-620): with a 2-token context only
+    # "3" is matched, though "7 3" occurs too (always followed by 5): 5 at 2/3 from the three occurrences of "3", not
+    # at 1 from the two of "7 3".
+    draft = draft_of([7, 3], sequences=tree_of([9, 3, 4], [7, 3, 5], [7, 3, 5]))
+    assert (draft.token_ids, draft.probs, draft.match_len) == ([5], [pytest.approx(2 / 3)], 1)
+
+
+def test_the_drafter_matches_the_contexts_last_max_tree_depth_tokens():
+    # Depth 4: the pattern is the last 4 tokens, so matches of up to 3. "1 2 3" (3 tokens, twice followed by 4: 2/3)
+    # may draft 4 - 3 = 1 token and beats "2 3" (4 at 2/5, then 1 at 1/5: 0.6); matched one token shorter, the
+    # drafter would draft [4, 1].
+    context = np.array([1, 2, 3, 4, 1, 2, 3, 4, 9, 2, 3, 5, 9, 2, 3, 6, 1, 2, 3])
+    drafter = SuffixDecoding(max_tree_depth=4, max_cached_requests=0)
+    drafter.begin(context)
+    assert drafter.propose(context).token_ids.tolist() == [4]
+
+
+def test_a_tail_that_never_occurred_is_no_match():
+    # The search stops at the first match length that does not occur: nothing drafted, from no match (0), rather
+    # than empty drafts of the longer lengths.
+    draft = draft_of([4, 5, 6], sequences=tree_of([1, 2, 3]))
+    assert (draft.token_ids, draft.score, draft.match_len) == ([], 0.0, 0)
+    draft = draft_of([9, 1, 2], sequences=tree_of([1, 2, 3, 1, 2, 4]))  # "1 2" matches, "9 1 2" does not
+    assert (draft.token_ids, draft.match_len) == ([3, 1], 2)  # 3 first seen (1/2), then what followed it
+
+
 def test_ties_between_continuations_follow_the_references_sibling_order():
     # After "1 2 3", 5 then 4 follow once each: count-1 children keep the order they appeared in, so 5.
     once = np.array([1, 2, 3, 5, 1, 2, 3, 4])
@@ -99,6 +141,9 @@ def test_a_tree_draft_opens_the_most_probable_node_first():
     assert draft.probs == pytest.approx([1 / 2, 1 / 3, 1 / 3])
     # min_token_prob 0.4: only 1 is drafted, and nothing under it (1/6 each).
     assert speculate_tree(sequence, np.flatnonzero(sequence == 9), 3, 0.4).token_ids == [1]
+    # A child exactly at min_token_prob is opened (the reference keeps probabilities >= it, suffix_tree.cc:874-900;
+    # 2/6 and 1/3 are the same float32)
+    assert speculate_tree(sequence, np.flatnonzero(sequence == 9), 3, 1 / 3).token_ids == [1, 2, 8]
     # Where the suffix tree ends one token below the match, a tree draft stays that shallow however wide.
     shallow = speculate_tree(sequence, np.flatnonzero(sequence == 9), 5, 0.1, max_depth=1)
     assert (shallow.token_ids, shallow.parents) == ([1, 2], [-1, -1])
@@ -178,13 +223,54 @@ def test_state_round_trips_and_a_torn_state_is_refused():
 @pytest.mark.parametrize("override, message", [
     ({"max_tree_depth": 0}, "drafter.max_tree_depth must be a positive integer"),
     ({"max_cached_requests": -1}, "drafter.max_cached_requests must be a non-negative integer"),
-    ({"max_spec_factor": -1.0}, "drafter.max_spec_factor must be a number >= 0"),
+    ({"max_spec_factor": -1.0}, r"drafter.max_spec_factor must be a number in \[0, 24\]"),
     ({"min_token_prob": 1.5}, r"drafter.min_token_prob must be a number in \[0, 1\]"),
     ({"tree_spec": "yes"}, "drafter.tree_spec must be true or false"),
 ])
 def test_bad_settings_name_the_key(override, message):
     with pytest.raises(SpecbenchError, match=message):
         SuffixDecoding(**override)
+
+
+def test_the_warm_up_decodes_with_the_global_tree_and_puts_it_back_empty(tiny, monkeypatch, tmp_path):
+    # The slow CLI test below, in the default suite with values: drafter=suffix's config does not let the warm-up
+    # teach; the warm-up's decode of the first question fills the global tree while it runs, and the tree is put
+    # back as it was (empty), so the first measured question meets none of the warm-up's answer.
+    from hydra.utils import instantiate
+
+    from specbench.config import compose
+    from specbench.decoding.loop import Decoder
+    from specbench.distributed import Processes
+    from specbench.drafters.ar import NoDraft
+    from specbench.engines import warm_up as warm_ups
+    from specbench.questions import Prompt
+    from specbench.settings import RunSettings
+
+    monkeypatch.setattr(warm_ups, "calibrate_run", lambda *args, **kwargs: None)  # timing only, not the tree
+    drafter = instantiate(compose(["drafter=suffix", "model=tiny-random"]).drafter)
+    assert drafter.warm_up_teaches is False
+    drafter.prepare(tiny)
+    decoder = Decoder(tiny.target, frozenset(), 64)
+    generate, seen = decoder.generate, []
+
+    def recording(ids, which, tokens):
+        generation = generate(ids, which, tokens)
+        if which is drafter:
+            seen.append((list(drafter.global_tree.lengths), len(generation.token_ids)))
+        return generation
+
+    monkeypatch.setattr(decoder, "generate", recording)
+    question = Prompt(question_id=1, category="qa", task="qa", turns=("Name three colours.",))
+    warm_ups.warm_up(RunSettings(max_new_tokens=16), tiny, decoder, drafter, NoDraft(), [question], tmp_path,
+                     Processes())
+    assert len(seen) == 1 and seen[0][1] > 0 and seen[0][0] == [seen[0][1]]  # it held the warm-up's answer
+    state = drafter.state()
+    assert (state["response_lengths"].tolist(), state["response_tokens"].tolist()) == ([], [])
+    # the first measured question: the global tree holds its own answer alone
+    ids = warm_ups.first_turn_ids(tiny, question)
+    answer = generate(ids, drafter, 16).token_ids
+    assert drafter.state()["response_lengths"].tolist() == [len(answer)]
+    assert drafter.state()["response_tokens"].tolist() == list(answer)
 
 
 @pytest.mark.slow  # moved behind slow to keep the default run under 8 minutes on 2 cores (CI runs it)

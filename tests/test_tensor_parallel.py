@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from specbench.config import compose, group_options
+from specbench.errors import SpecbenchError
 from specbench.testing import SMALL_MODEL_DB
 
 DRAFTERS = group_options("drafter")
@@ -39,6 +40,31 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 # The processes run on the CPU (gloo) on any machine: with CUDA visible, transformers binds each to the GPU of its
 # LOCAL_RANK, which a one-GPU machine does not have for the second.
 CPU_ONLY = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+PACKAGE = str(Path(__file__).resolve().parents[1] / "specbench") + os.sep
+
+
+def assert_no_traceback_of_ours(stderr: str) -> None:
+    """No frame of specbench's in a job's output: torchrun's summary shows each failed process's record, and a user
+    error's record is its line. (torchrun itself ends with a traceback of its own ChildFailedError whatever its
+    processes did, in torch's frames alone.)"""
+    assert f'File "{PACKAGE}' not in stderr
+    assert stderr.count("Traceback (most recent call last)") <= 1
+
+
+def assert_said_once(result: subprocess.CompletedProcess, *words: str) -> str:
+    """A job refused by a user error: its line printed once (by rank 0, for every process), holding ``words``, and
+    torchrun's summary giving that line as the root cause, with no traceback of specbench's. The line is returned."""
+    assert result.returncode != 0
+    said = [line for line in result.stderr.splitlines() if line.startswith("specbench: error: ")]
+    assert len(said) == 1, result.stderr[-3000:]
+    sentence = said[0].removeprefix("specbench: error: ")
+    assert all(word in sentence for word in words), sentence
+    root_cause = result.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert f"traceback : {sentence}\n" in root_cause, result.stderr[-3000:]
+    assert_no_traceback_of_ours(result.stderr)
+    return sentence
 
 
 def own_tmpdir(folder: Path) -> dict:
@@ -135,6 +161,65 @@ def test_rank_zero_alone_writes_and_records_the_placement(placements):
     one = json.loads(sorted((root / "one").glob("*/run.json"))[0].read_text())
     assert settings["weights_fingerprint"] == one["weights_fingerprint"]
     assert (root / "two-tmp").is_dir() and not list((root / "two-tmp").glob("specbench-rank1-*"))  # scratch gone
+    # rank 0 alone prints each run's summary (rank 1's would show its scratch folder's numbers under rank 0's path)
+    assert (root / "two.log").read_text().count("\ntiny-random / ") == len(DEFAULT_DRAFTERS)
+
+
+def run_directory(sweep_dir: Path, drafter: str) -> Path:
+    return next(path.parent for path in sweep_dir.glob("*/run.json")
+                if json.loads(path.read_text())["drafter"]["name"] == drafter)
+
+
+def launch(processes: int, overrides: list[str], tmp_path: Path, python: str = sys.executable):
+    """``python -m specbench`` with ``overrides``, under torchrun with ``processes`` processes (one: alone)."""
+    launcher = [python, "-m", "specbench"] if processes == 1 else [
+        python, *TORCHRUN[1:], str(processes), "-m", "specbench"]
+    return subprocess.run([*launcher, *overrides], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, **CPU_ONLY, **own_tmpdir(tmp_path / "job"),
+                               "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+@pytest.mark.slow  # torchrun processes, 2 and 4 (tens of seconds on 2 cores), behind slow like the placements (CI runs it)
+@pytest.mark.parametrize("made_by,resumed_by,difference", [
+    ("one", 2, "processes: 1 -> 2"),
+    ("two", 4, "processes: 2 -> 4"),
+    ("two", 1, "processes: 2 -> 1"),
+])
+def test_resuming_in_another_placement_is_one_line_from_rank_zero(placements, tmp_path, made_by, resumed_by,
+                                                                   difference):
+    _, _, root = placements
+    run = run_directory(root / made_by, "pld")
+    before = (run / "answers.jsonl").read_text()
+    placement = ["model.tp_plan=auto"] if resumed_by > 1 else []
+    # quoted: the sweep named the directory by its override (drafter=pld), and Hydra parses an override's '='
+    result = launch(resumed_by, ["drafter=pld", *RUN, *placement, f"hydra.run.dir='{run}'"], tmp_path)
+    if resumed_by == 1:
+        assert result.returncode == 2 and result.stderr.splitlines()[-1].startswith("specbench: error: ")
+        assert difference in result.stderr and "Traceback" not in result.stderr
+    else:
+        assert_said_once(result, difference, "holds results of a run with other settings")
+    assert (run / "answers.jsonl").read_text() == before
+
+
+@pytest.mark.slow  # four torchrun processes (tens of seconds on 2 cores): behind slow like the placements (CI runs it)
+def test_a_model_the_processes_cannot_split_is_one_line_from_rank_zero(tmp_path):
+    result = launch(4, [*RUN, "model.tp_plan=auto", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert_said_once(result, "over 4 processes cannot split its num_key_value_heads=2", "run 2 processes")
+
+
+@pytest.mark.slow  # torchrun processes of the vLLM environment's python, each importing vLLM
+@pytest.mark.parametrize("placement,words", [
+    (["model.tp_plan=auto"], "engine=vllm runs in one process"),
+    ([], "model.tp_plan is null"),
+])
+def test_engine_vllm_under_torchrun_is_one_line_from_rank_zero(tmp_path, placement, words):
+    from test_vllm_env import vllm_python
+
+    result = launch(2, [*RUN, "engine=vllm", *placement, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                    python=vllm_python())
+    assert "engine=vllm" in assert_said_once(result, words)
+    assert not (tmp_path / "run" / "run.json").exists()
 
 
 # What transformers' Llama plan does to tiny-random (conf/model/tiny-random.yaml: hidden 64, intermediate 128, 4
@@ -173,9 +258,11 @@ def test_each_process_holds_a_shard_of_the_expected_shape(placements):
 RANK_FAILS = """
 import sys
 import torch
+from specbench import torchrun_errors
 from specbench.distributed import Processes
 from specbench.errors import SpecbenchError
 
+torchrun_errors.SPEAKER_WAIT_S = 0.5  # rank 1 fails alone: the wait for rank 0 to say it is in vain
 processes = Processes.from_environment("auto", "cpu")
 
 
@@ -189,7 +276,7 @@ def work():
 try:
     print(processes.run(work))
 except SpecbenchError as error:
-    print(f"specbench: error: {error}", file=sys.stderr)
+    torchrun_errors.say_user_error(str(error))  # as python -m specbench says it
     sys.exit(2)
 """
 
@@ -207,6 +294,7 @@ def test_a_process_that_fails_gives_the_others_one_line(tmp_path):
     assert "specbench: error: rank 1 of 2 failed: question 7 does not fit the context; see its output" in lines
     # and nothing of gloo's: no traceback from rank 0's collective
     assert not [line for line in lines if "gloo" in line.lower() or "barrier" in line]
+    assert_no_traceback_of_ours(result.stderr)
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -241,7 +329,7 @@ def test_what_processes_cannot_share_is_refused_under_torchrun(tmp_path, overrid
                                  "model=tiny-random", *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
                                 capture_output=True, text=True, timeout=300,
                                 env={**os.environ, **CPU_ONLY, **own_tmpdir(tmp_path / "run")})
-    assert result.returncode != 0 and message in result.stderr
+    assert_said_once(result, message)
     assert not (tmp_path / "run" / "run.json").exists()
 
 
@@ -388,3 +476,60 @@ def test_a_checkpoint_the_processes_cannot_split_is_refused_from_its_config(monk
         load_pretrained("odd-vocab", path=str(tmp_path), device="cpu", dtype="float32", prompt_format="plain",
                         tp_plan="auto")
     assert not loads
+
+
+class Loaded(SpecbenchError):
+    """Raised by the spy once from_pretrained was reached: nothing past it is under test (a SpecbenchError, which
+    the checkpoint loader lets through as it is)."""
+
+
+def spy_from_pretrained(monkeypatch, loads: list):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def from_pretrained(source, **kwargs):
+        loads.append({key: kwargs.get(key) for key in ("tp_plan", "device_map", "distributed_config")})
+        raise Loaded
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *args, **kwargs: object())
+
+
+def load_tiny(monkeypatch, tmp_path):
+    from specbench.run.instantiate import build
+
+    build(compose(["model=tiny-random", "model.tp_plan=auto"]).model, device="cpu")
+
+
+def load_checkpoint(monkeypatch, tmp_path):
+    from transformers import LlamaConfig
+
+    from specbench.models.hub import load_pretrained
+
+    LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=32000).save_pretrained(tmp_path)
+    load_pretrained("even", path=str(tmp_path), device="cpu", dtype="float32", prompt_format="plain", tp_plan="auto")
+
+
+def load_gguf_file(monkeypatch, tmp_path):
+    from transformers import LlamaConfig
+
+    import specbench.models.gguf as gguf
+
+    converted = tmp_path / "converted"
+    LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=32000).save_pretrained(converted)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    # The conversion (dequantizing a real GGUF file) stands aside: it gives the converted checkpoint's directory.
+    monkeypatch.setattr(gguf, "GgufConversion", lambda *args: type("Converted", (), {"get": lambda self: converted})())
+    gguf.load_gguf("even", str(tmp_path / "model.gguf"), device="cpu", cache_dir=str(tmp_path / "cache"),
+                   prompt_format="plain", tp_plan="auto")
+
+
+@pytest.mark.parametrize("load", [load_tiny, load_checkpoint, load_gguf_file])
+def test_every_loader_hands_the_tensor_parallel_plan_to_from_pretrained(monkeypatch, tmp_path, load):
+    """Two whole copies decode what two shards do, so only the shard shapes (torchrun, slow) would see a plan left
+    out: here, without processes, the value that reaches transformers from each loader."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it; nothing here joins a process group
+    loads = []
+    spy_from_pretrained(monkeypatch, loads)
+    with pytest.raises(Loaded):
+        load(monkeypatch, tmp_path)
+    assert loads == [{"tp_plan": "auto", "device_map": None, "distributed_config": None}]

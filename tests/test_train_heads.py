@@ -511,6 +511,79 @@ def test_the_recipe_tables_in_the_docs_are_the_scripts_output():
     assert "| ttt_steps | 7 (eagle/traineagle3/cnets.py:498" in script.section()
 
 
+# Which parameters each method's optimizer decays, and by how much, restated from the originals (not read from the
+# modules): EAGLE-1 builds AdamW(model.parameters()) at torch's default 0.01 (eagle/train/main.py:325 @cb7e084);
+# EAGLE-3's DeepSpeed AdamW decays every parameter by 0 (eagle/traineagle3/ds_config.json:11-15 @cb7e084); Medusa-1
+# (weight_decay 0, scripts/train_vicuna_7b.sh:12 @e2a5d20) and Hydra (0.1, README.md:172 @3f39fbd) train with a
+# transformers Trainer, which decays every parameter but those named "...bias" and those inside nn.LayerNorm or
+# transformers' own LlamaRMSNorm (trainer.py:912-921 in 4.36.2, Hydra's pin): Hydra's prefix layer normalises with
+# its own RMSNorm class (hydra/model/modeling_llama_kv.py:107), so its norm weights are decayed.
+PUBLISHED_WEIGHT_DECAY = {"eagle": 0.01, "eagle3": 0.0, "medusa": 0.0, "hydra": 0.1}
+TRAINER_DECAYS = {"eagle": lambda name: True, "eagle3": lambda name: True,
+                  "medusa": lambda name: "bias" not in name, "hydra": lambda name: "bias" not in name}
+HEAD_SPECS = {"eagle": {}, "eagle3": EAGLE3_TINY, "medusa": {}, "hydra": {}}
+
+
+def weight_decay_by_name(tiny, kind: str, spec: dict) -> dict[str, float]:
+    """Each trainable parameter of a new ``kind`` head for ``tiny``, by name: the weight decay of the optimizer's
+    parameter group that holds it (every trainable parameter in exactly one group)."""
+    from specbench.training import methods
+
+    recipe = recipe_of(kind, spec)
+    module = methods.module(kind)
+    head = module.new_head(tiny, kind, recipe, [])
+    optimizer = training.new_optimizer(head, module, kind, recipe)
+    decay = {}
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            assert id(parameter) not in decay, "a parameter in two groups"
+            decay[id(parameter)] = group["weight_decay"]
+    named = {name: parameter for name, parameter in head.named_parameters() if parameter.requires_grad}
+    assert set(decay) == {id(parameter) for parameter in named.values()}, "the groups are not the trainable ones"
+    return {name: decay[id(parameter)] for name, parameter in named.items()}
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "hydra"])
+def test_each_kind_hands_the_optimizer_its_methods_weight_decay_on_the_parameters_its_trainer_decays(tiny, kind):
+    # The default recipe: the published value (specbench keeps every kind's) on exactly the parameters the method's
+    # optimizer decays, 0 on the rest.
+    assert recipe_of(kind, {}).weight_decay == PUBLISHED_WEIGHT_DECAY[kind]
+    decayed = TRAINER_DECAYS[kind]
+    by_name = weight_decay_by_name(tiny, kind, HEAD_SPECS[kind])
+    assert by_name == {name: PUBLISHED_WEIGHT_DECAY[kind] if decayed(name) else 0.0 for name in by_name}
+    # Another value is handed over as given, whatever the published one (EAGLE-3's and Medusa's are 0).
+    by_name = weight_decay_by_name(tiny, kind, {**HEAD_SPECS[kind], "weight_decay": 0.25})
+    assert by_name == {name: 0.25 if decayed(name) else 0.0 for name in by_name}
+    if kind in ("medusa", "hydra"):  # the heads have biases, which the Trainer leaves undecayed
+        assert any(name.endswith(".bias") for name in by_name) and any(value == 0.25 for value in by_name.values())
+    if kind == "hydra":  # the prefix layer's own RMSNorm weights are decayed, as in Hydra's run
+        norms = [name for name in by_name if "norm" in name]
+        assert norms and all(by_name[name] == 0.25 for name in norms)
+
+
+def test_a_change_of_a_kinds_training_names_new_heads_of_that_kind_alone(tiny):
+    # Hydra's and Medusa's biases are no longer decayed: their heads' keys carry their TRAINING_VERSION, so a head
+    # cached by the earlier code is not reused; the EAGLE kinds' keys are unchanged.
+    for kind, version in (("hydra", 2), ("medusa", 2)):
+        assert recipe_of(kind, {}).key()["training_version"] == version
+    for kind, spec in (("eagle", {}), ("eagle3", EAGLE3_TINY)):
+        assert "training_version" not in recipe_of(kind, spec).key()
+
+
+def test_step_counts_at_the_edge_of_their_range_are_one_line():
+    # A finite epochs whose steps overflow a float (1e308 x 3 batches is inf: int() failed in a traceback) and step
+    # counts past an int32 are refused naming the setting and the range; the top of the range is taken.
+    from conftest import refusal
+
+    assert training.MOST_STEPS == 2**31 - 1
+    assert refusal(recipe_of("eagle3", {"epochs": 1e308}).steps, 10) == (
+        "eagle3 training epochs=1e+308 over 10 sequences is more than 2147483647 steps; choose fewer epochs")
+    assert refusal(recipe_of, "eagle3", {"train_steps": 2**31}) == (
+        "eagle3 training train_steps must be an integer in [0, 2147483647] or null, got 2147483648")
+    assert recipe_of("eagle3", {"train_steps": 2**31 - 1}).steps(10) == 2**31 - 1
+    assert recipe_of("eagle3", {"epochs": 1e6, "batch_sequences": 1}).steps(2000) == 2 * 10**9
+
+
 def test_epochs_give_the_steps_and_the_warmup_ratio_scales_with_them():
     recipe = recipe_of("eagle3", {"epochs": 2.5, "batch_sequences": 4})
     assert recipe.steps(10) == 8  # 3 batches an epoch (the last one short), 2.5 epochs -> 7.5, rounded up

@@ -147,6 +147,25 @@ def test_specbenchs_hydra_recipe_is_the_published_one_but_for_the_named_differen
             assert name in methods.DIFFERENCES["hydra"], f"hydra {name} differs without a reason"
 
 
+def test_hydras_differences_give_hydras_reasons_not_eagles():
+    # Where Hydra's recipe differs for a reason of its own (its 100 warm-up steps are not longer than specbench's
+    # training, its heads do not start random, its data is not regenerated), the reason is Hydra's: none is an EAGLE
+    # kind's sentence, and each names what it is about. Restated from README.md:146, 155, 157 @3f39fbd: 10 epochs,
+    # lr 5e-4, 100 warm-up steps; prefix_mlp_head.py:28, 96-100: zero block weights, lm heads from the target's.
+    from specbench.training import methods
+
+    hydra = methods.DIFFERENCES["hydra"]
+    eagle_reasons = {why for kind in ("eagle", "eagle3") for _, why in methods.DIFFERENCES[kind].values()}
+    for name in ("lr", "warmup_steps", "warmup_ratio", "data"):
+        assert hydra[name][1] not in eagle_reasons, f"hydra's {name} carries an EAGLE reason"
+    assert "100 warm-up steps" in hydra["warmup_steps"][1] and "69% of specbench's one epoch" in hydra["warmup_steps"][1]
+    assert hydra["warmup_ratio"][1] == hydra["warmup_steps"][1]
+    assert "one epoch where Hydra trained ten" in hydra["lr"][1] and "randomly initialised" not in hydra["lr"][1]
+    assert "teacher loss 1, data loss 0" in hydra["data"][1]
+    assert (hooks.PUBLISHED["hydra"]["epochs"], hooks.PUBLISHED["hydra"]["lr"],
+            hooks.PUBLISHED["hydra"]["warmup_steps"]) == (10, 5e-4, 100)
+
+
 def test_the_trainer_builds_batches_deep_enough_for_every_head():
     from specbench.training import heads
     from specbench.training.heads import recipe_of

@@ -42,8 +42,10 @@ def trained_heads(tiny, seed=1):
 
 @torch.no_grad()  # the sequences' tensors come from inference mode, as the trainer's do before make_batch copies them
 def reference_loss(heads, sequences):
-    """train_legacy.py:72-78: head i's logits at t against labels[t + 2 + i], the labels the assistant's tokens only
-    (IGNORE elsewhere); CrossEntropyLoss's mean over the batch's labelled positions; summed over heads."""
+    """train_legacy.py:72-78 @e2a5d20 (the first release's medusa/train/train.py:60-67 @ab5d60c): head i's logits at t
+    against labels[t + 2 + i], the labels the assistant's tokens only (IGNORE elsewhere: the first release's
+    masking, train.py:178-202 @ab5d60c, which ignores the user's turns); CrossEntropyLoss's mean over the batch's
+    labelled positions; summed over heads."""
     total = 0.0
     for k in range(heads.config.num_heads):
         losses = []
@@ -142,6 +144,10 @@ def test_the_published_recipe_is_medusas_and_every_value_has_its_source():
     assert "ShareGPT_V4.3_unfiltered_cleaned_split.json" in medusa.PUBLISHED["medusa"]["data"]
     assert set(medusa.SOURCES["medusa"]) == set(medusa.PUBLISHED["medusa"])
     assert all("@e2a5d20" in source for source in medusa.SOURCES["medusa"].values())
+    # which tokens train: the first release's masking (assistant turns alone), not train_legacy.py's, whose test
+    # `tok_stop >= start or tok_start < tok_stop` (:210) holds for every token with a non-empty span
+    assert "medusa/train/train.py:178-202 @ab5d60c" in medusa.SOURCES["medusa"]["data"]
+    assert "train_legacy.py" not in medusa.SOURCES["medusa"]["data"]
     # specbench's own defaults: the 4 heads Spec-Bench drafts with, one block each
     assert medusa.METHOD_SETTINGS == {"medusa": {"heads": 4, "layers": 1}}
     assert set(medusa.METHOD_SETTINGS["medusa"]) <= set(medusa.PUBLISHED["medusa"])
@@ -250,3 +256,42 @@ def test_a_medusa_build_has_an_estimate_before_it_starts():
     recipe = recipe_of("medusa", {})
     assert recipe.steps(579) == 145
     assert 19 * 60 < build_seconds_estimate(target, "medusa", recipe, 579) < 23 * 60
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--heads", "0"], "medusa training heads must be an integer >= 1, got 0"),
+    (["--layers", "0"], "medusa training layers must be an integer >= 1, got 0"),
+    (["--heads", "-1"], "medusa training heads must be an integer >= 0, got -1"),
+])
+def test_the_script_refuses_zero_heads_or_blocks_in_one_line_before_the_model_loads(monkeypatch, capsys, argv,
+                                                                                      message):
+    # `train_head.py --heads 0` published an empty head and exited 0; with training steps it failed inside the
+    # optimizer. Medusa's loader needs a head and a block (heads.medusa_heads), so the recipe refuses fewer.
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from specbench.training.heads import recipe_of
+
+    loader = importlib.util.spec_from_file_location("train_head", Path(__file__).parents[1] / "scripts" /
+                                                    "train_head.py")
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    monkeypatch.setattr(script, "instantiate", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(sys, "argv", ["train_head.py", "--model", "tiny-random", "--kind", "medusa",
+                                      "--train-steps", "0", *argv])
+    with pytest.raises(SystemExit) as status:
+        script.main()
+    assert status.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"train_head: error: {message}"]
+    assert recipe_of("medusa", {"heads": 1, "layers": 1}).method == {"heads": 1, "layers": 1}  # the least allowed
+
+
+def test_the_trained_head_artefact_refuses_zero_heads_before_its_build(tiny, tmp_path):
+    from conftest import refusal
+
+    from specbench.artefacts.trained_head import TrainedHead
+
+    assert refusal(TrainedHead, tiny, tmp_path / "heads", "medusa", {"heads": 0}) == (
+        "medusa training heads must be an integer >= 1, got 0")
+    assert not (tmp_path / "heads").exists()

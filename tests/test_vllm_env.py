@@ -64,7 +64,12 @@ def test_vllm_engine_runs_pld_paired_and_under_load_on_tiny_random(tmp_path):
     assert [(level["concurrency"], level["role"]) for level in levels] == [(2, "baseline"), (2, "method")]
     method = levels[1]
     assert method["identical_to_baseline"] == method["requests"] == 3
-    assert method["mean_acceptance_length"] > 1 and method["ttft_s"]["p50"] > 0 and method["tpot_s"]["p99"] > 0
+    assert method["mean_acceptance_length"] > 1 and method["tpot_s"]["p99"] > 0
+    for level in levels:  # the first token comes before the last (tests/test_vllm_engine.py pins which is which)
+        assert 0 < level["ttft_s"]["p50"] < level["latency_s"]["p50"]
+        assert level["ttft_s"]["mean"] < level["latency_s"]["mean"]
+        assert level["warm_up"] == {"runs": 1, "max_new_tokens": 32}  # each level warmed at its concurrency first
+    assert not (run / "engine_processes.json").exists()  # the run's processes ended with it
 
     again = specbench(python, *TINY, "drafter=pld", "engine.concurrency=[2]", f"hydra.run.dir={run}")
     assert again.returncode == 0, again.stderr[-2000:]
@@ -79,3 +84,75 @@ def test_vllm_engine_refuses_a_drafter_it_lacks_in_one_line(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.startswith("specbench: error")]
     assert len(lines) == 1 and "drafter=hd" in lines[0] and "pld" in lines[0] and "eagle3" in lines[0]
     assert not (tmp_path / "hd").exists()
+
+
+@pytest.mark.slow  # about 90 s (CI runs it)
+def test_medusa_runs_on_vllm_as_medusa_at_vllm_and_eagle_with_an_fc_bias_is_refused(tmp_path):
+    """drafter=medusa maps onto vLLM's medusa (a chain of each head's best token) over a copy of the heads vLLM reads
+    whole, lossless against vLLM's AR; drafter=eagle's trained head has EAGLE's fc bias, which vLLM's EAGLE head
+    lacks: refused in one line before the head is trained."""
+    python = vllm_python()
+    run = tmp_path / "medusa"
+    done = specbench(python, *TINY, "drafter=medusa", "engine.concurrency=[2]", f"hydra.run.dir={run}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["method"] == "medusa@vllm" and summary["tasks"]["overall"]["identical_to_baseline"] == 3
+    spec = json.loads((run / "run.json").read_text())["vllm"]["speculative_config"]
+    assert spec["method"] == "medusa" and spec["num_speculative_tokens"] == 4 and "vllm-medusa-" in spec["model"]
+    copied = json.loads((Path(spec["model"]) / "config.json").read_text())
+    assert copied["medusa_fc_bias"] is True and copied["num_heads"] == 4 and copied["hidden_size"] == 128
+    method = [json.loads(line) for line in (run / "load.jsonl").read_text().splitlines()][1]
+    assert method["identical_to_baseline"] == 3 and method["drafts"] > 0
+
+    refused = specbench(python, *TINY, "drafter=eagle", f"hydra.run.dir={tmp_path / 'eagle'}", timeout=300)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    [line] = [line for line in refused.stderr.splitlines() if line.startswith("specbench: error")]
+    assert "drafter=eagle on engine=vllm: its head (trained for tiny-random" in line and "fc layer with a bias" in line
+    assert not (tmp_path / "eagle").exists()
+
+
+@pytest.mark.slow  # about 60 s each (CI runs it)
+@pytest.mark.parametrize("kill", ["SIGKILL", "SIGINT", "SIGTERM"])
+def test_a_killed_or_interrupted_run_leaves_no_vllm_process(tmp_path, kill):
+    """Once both engines run (two EngineCore processes of the run), the run's process is killed (SIGKILL: an
+    out-of-memory kill; SIGTERM) or interrupted (SIGINT to it alone, as a Ctrl-C that reached only it): within
+    seconds no process of the run remains, found by the run's token (its record in the run directory) and by
+    being below the run's process when it was killed."""
+    import signal
+    import time
+
+    from specbench.run.owned_processes import PROCESSES_FILE, descendants, is_alive, processes_with_token
+
+    python = vllm_python()
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([python, "-m", "specbench", *TINY, "task.limit_per_task=3", "run.max_new_tokens=200",
+                                "drafter=pld", "engine.concurrency=[2]", f"hydra.run.dir={run}"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline, engines = time.monotonic() + 400, []
+        while time.monotonic() < deadline and process.poll() is None:
+            if (run / PROCESSES_FILE).is_file():
+                token = json.loads((run / PROCESSES_FILE).read_text())["token"]
+                engines = processes_with_token(token)
+                if sum("EngineCore" in info.command for info in engines) >= 2:
+                    break
+            time.sleep(0.5)
+        assert sum("EngineCore" in info.command for info in engines) >= 2, "vLLM's two engines never started"
+        time.sleep(3)  # into the warm-up or the questions
+        owned = {(info.pid, info.start) for info in processes_with_token(token) + descendants(process.pid)}
+        os.kill(process.pid, getattr(signal, kill))
+        status = process.wait(timeout=120)
+        assert status == {"SIGKILL": -9, "SIGTERM": -15, "SIGINT": 130}[kill], process.stderr.read()[-3000:]
+        deadline = time.monotonic() + 15
+        def left():
+            return [pid for pid, start in owned if is_alive({"pid": pid, "start": start})]
+
+        while time.monotonic() < deadline and left():
+            time.sleep(0.2)
+        assert len(owned) >= 3 and left() == [] and processes_with_token(token) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -13,7 +13,7 @@ import logging
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -94,8 +94,9 @@ class PlannedArtefact:
     that builds it ahead of time. ``shipped``: the package carries it, and its copy was checked whole, so it is
     installed, not built; ``shipped_damage``: why the package's copy cannot be installed, when it is damaged.
 
-    A plan says what it has checked: a cached copy counts as cached only when its files are the ones its manifest
-    records (``cached_damage``), and a shipped one only when its checksum holds (checked by whoever plans it)."""
+    A plan says what it has checked, and checks what a run will: a cached copy counts as cached only when its
+    files are the ones its manifest records and, given ``load`` (the artefact's own ``load``, which a run calls),
+    when it loads (``cached_damage``); a shipped one only when the install's own check passes (whoever plans it)."""
 
     what: str
     directory: Path
@@ -104,6 +105,7 @@ class PlannedArtefact:
     command: str
     shipped: bool = False
     shipped_damage: str | None = None
+    load: Callable[[], object] | None = field(default=None, compare=False, repr=False)
 
     def cached(self) -> bool:
         """Whether something is cached there, whole or not (``ready``: whole)."""
@@ -112,7 +114,9 @@ class PlannedArtefact:
     @functools.cached_property
     def cached_damage(self) -> str | None:
         """What is wrong with the cached copy (its manifest unreadable, a file of another size or checksum than
-        the manifest records), or None when it is whole or there is none. Checked once per plan entry."""
+        the manifest records; then whatever its ``load`` refuses: a format of another version, another kind, a
+        tokenizer or shape that does not fit the target), or None when it is whole or there is none. Checked once
+        per plan entry: a copy planned as cached is one the run loads, never one it rebuilds for many minutes."""
         if not self.cached():
             return None
         manifest_file = Path(self.directory) / MANIFEST
@@ -124,7 +128,13 @@ class PlannedArtefact:
             return f"{MANIFEST}: {damage_reason(error)}"
         if not isinstance(manifest, dict):
             return f"{MANIFEST} is not a JSON object"
-        return verify_files(Path(self.directory), manifest)
+        problem = verify_files(Path(self.directory), manifest)
+        if problem is None and self.load is not None:
+            try:
+                self.load()
+            except SpecbenchError as error:  # what load_or_rebuild takes for damage, and rebuilds
+                return " ".join(str(error).split())
+        return problem
 
     def ready(self) -> bool:
         """Cached and whole: nothing to do."""
@@ -259,10 +269,12 @@ class Artefact(ABC):
         return False, None
 
     def plan(self) -> PlannedArtefact:
-        """Its plan entry: what, where, the estimate, and what is cached or shipped, as checked now."""
+        """Its plan entry: what, where, the estimate, and what is cached or shipped, as checked now (a cached copy
+        by the very ``load`` a run calls, when the plan asks whether it is whole)."""
         seconds, basis = self.estimate()
         shipped, damage = self.shipped_copy()
-        return PlannedArtefact(self.what, Path(self.directory), seconds, basis, self.command, shipped, damage)
+        return PlannedArtefact(self.what, Path(self.directory), seconds, basis, self.command, shipped, damage,
+                               load=self.load)
 
     def announce(self) -> str:
         """Say, before building it, what it is, how long it takes and how to build it ahead of time."""

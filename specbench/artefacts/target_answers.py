@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -170,19 +171,10 @@ class TargetAnswers(Artefact):
                 "sooner")
 
     def shipped_copy(self) -> tuple[bool, str | None]:
-        # The package's copy is checked as an install would check it (a few ms): a plan never promises an install
-        # that would then fail and generate for many minutes.
-        damage = None
-        for set_name in shipped_sets(self.target.name):
-            manifest, problem = _shipped_manifest(self.target.name, set_name=set_name)
-            damage = damage or problem
-            if manifest is not None and shipped_mismatch(manifest, self.settings) is None:
-                try:
-                    shipped_rows(manifest)
-                    return True, problem
-                except SpecbenchError as error:
-                    return False, str(error)
-        return False, damage
+        # The very check the install acts on (a few ms): a plan never promises an install that would then fail and
+        # generate for many minutes.
+        found = shipped_answer_set(self.target.name, self.settings)
+        return found.data is not None, found.damage
 
     def rebuild_command(self) -> str:
         return self.command
@@ -237,6 +229,42 @@ def shipped_sets(model_name: str, shipped_dir: Path | None = None) -> list[str |
     return [None, *named]
 
 
+@dataclass(frozen=True)
+class ShippedSet:
+    """What the package ships for one lookup, checked whole: the ``manifest`` and the decompressed rows (``data``)
+    of the set whose key is the lookup's; otherwise (``data`` None) why none is installed: ``damage`` (that set's
+    file, or a manifest that could have been its, is damaged) or ``mismatch`` (the sets shipped are for other
+    settings), both None when nothing is shipped for the model."""
+
+    manifest: dict | None = None
+    data: bytes | None = None
+    damage: str | None = None
+    mismatch: str | None = None
+
+
+def shipped_answer_set(model_name: str, settings: dict, shipped_dir: Path | None = None) -> ShippedSet:
+    """The one check of the answers shipped for ``model_name`` against a lookup of ``settings``
+    (``answers_settings``): a plan reports it (``TargetAnswers.shipped_copy``) and the install acts on it
+    (``install_shipped_answers``), so what a plan promises is what a run does. Every shipped set's manifest is read
+    (a damaged one is damage: it may have been this lookup's), the set whose key is the lookup's is taken, and its
+    file decompressed and checked against the SHA-256 and row count its manifest records."""
+    damage = mismatch = None
+    for set_name in shipped_sets(model_name, shipped_dir):
+        manifest, problem = _shipped_manifest(model_name, shipped_dir, set_name)
+        if manifest is None:
+            damage = damage or problem
+            continue
+        differs = shipped_mismatch(manifest, settings)
+        if differs is not None:
+            mismatch = mismatch or differs
+            continue
+        try:
+            return ShippedSet(manifest, shipped_rows(manifest, shipped_dir))
+        except SpecbenchError as error:
+            return ShippedSet(manifest, damage=str(error))
+    return ShippedSet(damage=damage, mismatch=mismatch)
+
+
 def shipped_manifest(model_name: str, shipped_dir: Path | None = None, set_name: str | None = None) -> dict | None:
     """The manifest of the answers shipped for ``model_name`` (``answers-<model>[--<set>].json`` in the package's
     data), or None when none are shipped or the manifest is unreadable (then nothing is installed)."""
@@ -262,6 +290,9 @@ def _shipped_manifest(model_name: str, shipped_dir: Path | None = None,
     for key in ("model", "prompts"):
         if not isinstance(manifest.get(key), dict):
             return None, f"{file}: its {key!r} is not a table"
+    # What an install copies into the cached copy's manifest and its line (the machine it was generated on).
+    if not isinstance(manifest.get("generated") or {}, dict):
+        return None, f"{file}: its 'generated' is not a table"
     return manifest, None
 
 
@@ -301,23 +332,16 @@ def install_shipped_answers(target, directory: Path, settings: dict, shipped_dir
     they are the answer set of ``settings``; True if installed. Shipped answers for other settings are not used
     (a note says so: another answer set is simply another artefact), nor are damaged ones (a warning says why);
     the caller then generates."""
-    manifests = [manifest for set_name in shipped_sets(target.name, shipped_dir)
-                 if (manifest := shipped_manifest(target.name, shipped_dir, set_name)) is not None]
-    if not manifests:
+    found = shipped_answer_set(target.name, settings, shipped_dir)
+    if found.data is None:
+        if found.damage is not None:
+            log.warning("the answers shipped with specbench for %s are damaged (%s): generating them instead",
+                        target.name, found.damage)
+        elif found.mismatch is not None:
+            log.info("the answers shipped with specbench for %s are for other settings (%s): generating these "
+                     "instead", target.name, found.mismatch)
         return False
-    manifest = next((manifest for manifest in manifests if shipped_mismatch(manifest, settings) is None),
-                    manifests[0])
-    mismatch = shipped_mismatch(manifest, settings)
-    if mismatch:
-        log.info("the answers shipped with specbench for %s are for other settings (%s): generating these instead",
-                 target.name, mismatch)
-        return False
-    try:
-        data = shipped_rows(manifest, shipped_dir)
-    except SpecbenchError as error:
-        log.warning("the answers shipped with specbench for %s are damaged (%s): generating them instead",
-                    target.name, error)
-        return False
+    manifest, data = found.manifest, found.data
     replace_directory(directory, lambda version: (version / ANSWERS_FILE).write_bytes(data),
                       {"kind": "target answers", "model": {"name": target.name, "source": target.source},
                        "answers": manifest["answers"], "max_new_tokens": settings["max_new_tokens"],

@@ -9,6 +9,10 @@ A drafter is prepared once for a target model, then lives through one question a
     accept(accepted_ids, outcome)   what the target kept, so stateful drafters can learn from it
     release()                       the decode is over (or failed): free its device memory
 
+A drafter that runs weights of its own (a draft head, a draft model) also says, once prepared, where another
+engine can load the same weights (``shared_weights``) and gives its copy up when that engine runs them instead
+(``release_weights``); ``draft_weights_fingerprint`` names a draft model's weights in run.json.
+
 Per question the loop calls ``begin`` once, then ``accept`` for the prefill (step 0, whose outcome carries
 ``Draft.empty()``), then ``propose`` and ``accept`` once each per decoding step 1, 2, ..., always in that
 order. ``outcome.draft`` is the very object the preceding ``propose`` returned (a drafter may compare with
@@ -73,6 +77,19 @@ class Draft:
         if isinstance(token_ids, np.ndarray):
             return Draft(token_ids=torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)))
         return Draft(token_ids=torch.as_tensor(token_ids, dtype=torch.long))
+
+
+@dataclass(frozen=True)
+class SharedWeights:
+    """Weights a prepared drafter runs that another engine may load itself (vLLM's speculative ``model``).
+
+    kind:     "head" (a draft head read with the target's features: EAGLE's, Medusa's, Hydra's) or "draft_model"
+              (a model of its own that shares the target's tokenizer)
+    location: a local directory, or a hub id (a published head's snapshot when cached)
+    """
+
+    kind: str
+    location: str
 
 
 @dataclass(frozen=True)
@@ -168,6 +185,21 @@ class Drafter(ABC):
         """What this drafter's databases or models were built from (after ``prepare``), for the run's record
         (summary.json ``drafter_sources``): e.g. HD's model database's prompt set. {} when nothing was built."""
         return {}
+
+    def shared_weights(self) -> SharedWeights | None:
+        """After ``prepare``: the weights this drafter runs, where another engine can load the same ones; None
+        for a drafter that runs no weights, or whose weights exist only in memory (a draft converted from GGUF
+        without a directory)."""
+        return None
+
+    def release_weights(self) -> None:
+        """Free the weights ``prepare`` loaded, once another engine runs them from ``shared_weights`` instead:
+        the drafter proposes nothing afterwards. Nothing for a drafter without weights."""
+
+    def draft_weights_fingerprint(self) -> str | None:
+        """After ``prepare``: the fingerprint of the draft model's weights this drafter runs (run.json's
+        ``draft_weights_fingerprint``, which a resumed run must match); None for a drafter without a draft model."""
+        return None
 
     def state(self) -> dict[str, np.ndarray] | None:
         """What this drafter carries from one question to the next (Token Recycling's matrix), as named

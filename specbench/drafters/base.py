@@ -12,25 +12,38 @@ from specbench.decoding.contract import Draft
 from specbench.errors import SpecbenchError
 
 
+# The largest count a drafter setting takes. Every count sizes an array, a tensor or a loop, and two of them
+# multiplied stay inside int64 (2**31 x 2**31 < 2**63); a larger one (2**63, say) would pass a check of its sign
+# and overflow the int64 arithmetic of what it sizes or indexes, deep inside numpy or torch, in a traceback.
+MAX_COUNT = 2**31 - 1
+
+
+def _is_count(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_COUNT
+
+
 def require_positive(**settings) -> None:
-    """Reject a drafter setting that is not a positive integer, naming it: ``drafter.gamma must be ...``."""
+    """Reject a drafter setting that is not a positive integer up to ``MAX_COUNT``, naming it and the range:
+    ``drafter.gamma must be a positive integer <= 2147483647, got 0``."""
     for key, value in settings.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise SpecbenchError(f"drafter.{key} must be a positive integer, got {value!r}")
+        if not _is_count(value, 1):
+            raise SpecbenchError(f"drafter.{key} must be a positive integer <= {MAX_COUNT}, got {value!r}")
 
 
 def require_non_negative(**settings) -> None:
-    """Reject a drafter setting that is not a non-negative integer, naming it."""
+    """Reject a drafter setting that is not a non-negative integer up to ``MAX_COUNT``, naming it and the range."""
     for key, value in settings.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise SpecbenchError(f"drafter.{key} must be a non-negative integer, got {value!r}")
+        if not _is_count(value, 0):
+            raise SpecbenchError(f"drafter.{key} must be a non-negative integer <= {MAX_COUNT}, got {value!r}")
 
 
 def require_number(key: str, value, low: float | None = None, high: float | None = None,
-                   above_low: bool = False) -> float:
+                   above_low: bool = False, why: str | None = None) -> float:
     """A real-valued drafter setting, checked and returned as a float: a finite int or float (not a bool, whose
     arithmetic would pass as 0 or 1, nor a string, nor inf or nan, which every comparison with a bound lets
-    through or none does) within ``[low, high]`` (``(low, high]`` with ``above_low``)."""
+    through or none does) within ``[low, high]`` (``(low, high]`` with ``above_low``); ``why`` (the reason for
+    the bounds) ends the message. A setting that scales a count has the finite ``high`` past which it changes
+    nothing, so that no finite value overflows the arithmetic it feeds (a float32 product, an int())."""
     if low is not None and high is not None:
         wanted = f"a number in {'(' if above_low else '['}{low:g}, {high:g}]"
     elif low is not None:
@@ -41,7 +54,7 @@ def require_number(key: str, value, low: float | None = None, high: float | None
     if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             or (low is not None and (value <= low if above_low else value < low))
             or (high is not None and value > high)):
-        raise SpecbenchError(f"drafter.{key} must be {wanted}, got {value!r}")
+        raise SpecbenchError(f"drafter.{key} must be {wanted}, got {value!r}{f' ({why})' if why else ''}")
     return float(value)
 
 
@@ -60,8 +73,9 @@ def require_choice(key: str, value, choices) -> None:
 
 def check_token_id(key: str, value) -> int | None:
     """A drafter setting that is a token id or null, checked: ``drafter.no_match_token must be ...``."""
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise SpecbenchError(f"drafter.{key} must be a token id (>= 0) or null, got {value!r}")
+    if value is not None and not _is_count(value, 0):
+        raise SpecbenchError(f"drafter.{key} must be a token id (an integer in [0, {MAX_COUNT}]) or null, got "
+                             f"{value!r}")
     return value
 
 
@@ -115,6 +129,15 @@ class HeadSource:
                 f"drafter.heads_by_model to train one (python scripts/train_head.py --model {target.name} --kind "
                 f"{self.kind} builds it ahead)")
         return spec
+
+    def trained_recipe(self, target):
+        """The checked ``training.heads.Recipe`` of the head entry for ``target`` when it names a head trained for it
+        ({trained: {...}}), else None: what a drafter compares with what it reads before anything is built. A recipe
+        out of range is a one-line SpecbenchError."""
+        from specbench.training.heads import recipe_of
+
+        spec = self.spec(target)
+        return recipe_of(self.kind, dict(spec["trained"] or {})) if "trained" in spec else None
 
     def cached(self, target) -> dict:
         """{"head": the TrainedHead artefact} when the head is trained in the cache; {} for a published head (downloaded

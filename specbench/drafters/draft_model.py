@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from specbench.targets.kv_cache import TreeKVCache
-from specbench.targets.transformers import cache_keyword, forward_with_cache, parameter_count
+from specbench.targets.transformers import cache_keyword, forward_with_cache, parameter_count, weights_fingerprint
 from specbench.decoding.sampling import Sampling, target_distribution
-from specbench.decoding.contract import Draft, Drafter, StepOutcome
+from specbench.decoding.contract import Draft, Drafter, SharedWeights, StepOutcome
 from specbench.drafters.base import chosen_or_listed, require_flag, require_positive
 from specbench.errors import SpecbenchError
 
@@ -154,6 +154,17 @@ class DraftModel(Drafter):
         self.processed = 0  # context tokens whose keys/values are in the draft's cache
         self.gamma = self.initial_gamma
         self._last_draft = None
+
+    def shared_weights(self) -> SharedWeights | None:
+        """The draft's directory (or hub id), where another engine reads the same draft; None for a draft that
+        exists only in memory (converted from GGUF)."""
+        return None if self.draft_checkpoint is None else SharedWeights("draft_model", self.draft_checkpoint)
+
+    def release_weights(self) -> None:
+        self.draft = None
+
+    def draft_weights_fingerprint(self) -> str | None:
+        return weights_fingerprint(self.draft) if isinstance(self.draft, torch.nn.Module) else None
 
     def release(self) -> None:
         self.cache = None

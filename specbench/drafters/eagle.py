@@ -28,7 +28,7 @@ import logging
 import numpy as np
 import torch
 
-from specbench.decoding.contract import Draft, Drafter, StepOutcome
+from specbench.decoding.contract import Draft, Drafter, SharedWeights, StepOutcome
 from specbench.decoding.tree import TreeTemplate
 from specbench.drafters.base import HeadSource, require_choice, require_non_negative, require_positive
 from specbench.drafters.draft_model import plain
@@ -210,6 +210,13 @@ class Eagle(Drafter):
 
     def sources(self) -> dict:
         return self._sources
+
+    def shared_weights(self) -> SharedWeights | None:
+        """The head's directory (or hub id), where another engine reads the same head."""
+        return None if self.head_checkpoint is None else SharedWeights("head", self.head_checkpoint)
+
+    def release_weights(self) -> None:
+        self.head = None
 
     # ---- one question ---------------------------------------------------------------------------------
 

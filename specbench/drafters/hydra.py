@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specbench.decoding.contract import Draft, Drafter, StepOutcome
+from specbench.decoding.contract import Draft, Drafter, SharedWeights, StepOutcome
 from specbench.drafters.base import HeadSource, require_choice
 from specbench.drafters.draft_model import plain
 from specbench.drafters.eagle import StaticTreePlan
@@ -66,11 +66,21 @@ class Hydra(Drafter):
     # ---- loading ------------------------------------------------------------------------------------
 
     def artefacts(self, target) -> list:
+        self._check_trained(target)
         return list(self.source.cached(target).values())
+
+    def _check_trained(self, target) -> None:
+        """A head trained for ``target`` with fewer heads than the tree is deep is refused before it is built."""
+        recipe = self.source.trained_recipe(target)
+        if recipe is not None and recipe.method["num_heads"] < self.depth:
+            raise SpecbenchError(f"drafter={self.name}: tree {self.tree_name} is {self.depth} deep, but its entry "
+                                 f"heads_by_model.{target.name} trains {recipe.method['num_heads']} heads "
+                                 f"(trained.num_heads, one per depth); train at least {self.depth}")
 
     def prepare(self, target, sampling=None) -> None:
         from specbench.heads.hydra_heads import load_hydra_head
 
+        self._check_trained(target)
         self.head, self._sources["head"], self.head_checkpoint = self.source.load(
             target, lambda source, revision: load_hydra_head(target, source, revision=revision))
         heads = self.head.config.num_heads
@@ -88,6 +98,13 @@ class Hydra(Drafter):
 
     def sources(self) -> dict:
         return self._sources
+
+    def shared_weights(self) -> SharedWeights | None:
+        """The head's directory (or hub id), where another engine reads the same head."""
+        return None if self.head_checkpoint is None else SharedWeights("head", self.head_checkpoint)
+
+    def release_weights(self) -> None:
+        self.head = None
 
     # ---- one question ---------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import numpy as np
 from specbench.datastores.ngram_pool import NGramPool
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.decoding.tree import guess_layout
-from specbench.drafters.base import require_flag, require_non_negative, require_positive
+from specbench.drafters.base import MAX_COUNT, require_flag, require_non_negative, require_positive
 from specbench.drafters.jacobi import JacobiWindow
 from specbench.errors import SpecbenchError
 
@@ -25,9 +25,9 @@ class Lookahead(Drafter):
         require_non_negative(seed=seed)
         require_flag(pool_from_prompt=pool_from_prompt, pool_from_output=pool_from_output, merge_guesses=merge_guesses,
                      accept_full_guess=accept_full_guess)
-        if not isinstance(ngram_size, int) or isinstance(ngram_size, bool) or ngram_size < 3:
-            raise SpecbenchError(f"drafter.ngram_size must be an integer >= 3 (a window of at least 2 levels), "
-                                 f"got {ngram_size!r}")
+        if not isinstance(ngram_size, int) or isinstance(ngram_size, bool) or not 3 <= ngram_size <= MAX_COUNT:
+            raise SpecbenchError(f"drafter.ngram_size must be an integer in [3, {MAX_COUNT}] (a window of at least 2 "
+                                 f"levels), got {ngram_size!r}")
         self.name = name
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size

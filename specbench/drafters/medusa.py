@@ -19,7 +19,7 @@ import logging
 import numpy as np
 import torch
 
-from specbench.decoding.contract import Draft, Drafter, StepOutcome
+from specbench.decoding.contract import Draft, Drafter, SharedWeights, StepOutcome
 from specbench.decoding.tree import TreeTemplate
 from specbench.drafters.base import HeadSource, require_choice, require_positive
 from specbench.drafters.draft_model import plain
@@ -103,11 +103,23 @@ class Medusa(Drafter):
     # ---- loading ------------------------------------------------------------------------------------
 
     def artefacts(self, target) -> list:
+        self._check_trained(target)
         return list(self.source.cached(target).values())
+
+    def _check_trained(self, target) -> None:
+        """Heads trained for ``target`` that would be fewer than the drafter reads are refused before they are
+        built (built first, they would be refused after the training, by a hint rebuilding the same heads)."""
+        recipe = self.source.trained_recipe(target)
+        if recipe is not None and recipe.method["heads"] < self.num_heads:
+            raise SpecbenchError(f"drafter={self.name} reads {self.num_heads} Medusa heads (drafter.heads); its "
+                                 f"entry heads_by_model.{target.name} trains {recipe.method['heads']} (trained.heads): "
+                                 f"train at least {self.num_heads}, or read fewer with drafter.heads (the tree "
+                                 f"{self.tree_name} needs {self.tree.depth})")
 
     def prepare(self, target, sampling=None) -> None:
         from specbench.heads.medusa_heads import load_medusa_heads
 
+        self._check_trained(target)
         heads, self._sources["head"], self.head_checkpoint = self.source.load(
             target, lambda source, revision: load_medusa_heads(target, source, revision=revision,
                                                                num_heads=self.num_heads))
@@ -136,6 +148,13 @@ class Medusa(Drafter):
 
     def sources(self) -> dict:
         return self._sources
+
+    def shared_weights(self) -> SharedWeights | None:
+        """The head's directory (or hub id), where another engine reads the same head."""
+        return None if self.head_checkpoint is None else SharedWeights("head", self.head_checkpoint)
+
+    def release_weights(self) -> None:
+        self.head = None
 
     # ---- one question ---------------------------------------------------------------------------------
 

@@ -98,7 +98,6 @@ class PromptLookup(Drafter):
         self.prefer = prefer
         self.full_continuation = full_continuation
         self.no_match_token = check_token_id("no_match_token", no_match_token)
-        self._labels = {n: f"{n}-gram" for n in range(max_ngram_size + 1)}
 
     def prepare(self, target, sampling=None) -> None:
         require_in_vocabulary("no_match_token", self.no_match_token, target)
@@ -109,4 +108,4 @@ class PromptLookup(Drafter):
         if ngram == 0:
             return no_match_draft(self.no_match_token)
         # Labelled by the matched n-gram size, which predicts acceptance (a 3-gram match beats a 1-gram).
-        return Draft(torch.from_numpy(np.ascontiguousarray(tokens)), sources=(self._labels[ngram],) * tokens.size)
+        return Draft(torch.from_numpy(np.ascontiguousarray(tokens)), sources=(f"{ngram}-gram",) * tokens.size)

@@ -102,7 +102,10 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
                  automaton: str | None = None, cache_dir: str | None = None):
         require_positive(n_predicts=n_predicts, len_threshold=len_threshold)
         require_non_negative(len_bias=len_bias)
-        require_number("alpha", alpha, low=0, above_low=True)  # inf would draft n_predicts tokens from any match
+        # A draft is min(n_predicts, 1 + int(match x alpha)) tokens for a match >= 1: at n_predicts alpha already drafts
+        # n_predicts from every match, and a larger finite one changes nothing but could overflow int() (1e308 x 2)
+        require_number("alpha", alpha, low=0, above_low=True, high=n_predicts,
+                       why=f"at n_predicts={n_predicts} every match already drafts n_predicts tokens")
         require_choice("auxiliary", auxiliary, AUXILIARIES)
         self.name = name
         self.n_predicts = n_predicts

@@ -261,9 +261,13 @@ class SuffixDecoding(Drafter):
         require_non_negative(max_cached_requests=max_cached_requests)
         if max_spec_tokens is not None:
             require_positive(max_spec_tokens=max_spec_tokens)
-        # nan passes every comparison with a bound, and inf makes int() of the draft length fail mid-run
-        require_number("max_spec_factor", max_spec_factor, low=0)
-        require_number("max_spec_offset", max_spec_offset, low=0)
+        longest = max_tree_depth if max_spec_tokens is None else max_spec_tokens
+        # A draft is min(max_spec_tokens, int(m x factor + offset)) tokens for a match of m >= 1, computed in float32
+        # as the reference does: at max_spec_tokens either already drafts the most from every match, and a larger
+        # finite value changes nothing but could overflow float32 (1e39 is inf there) and fail int() mid-run.
+        bound = f"at max_spec_tokens={longest} every match already drafts max_spec_tokens tokens"
+        require_number("max_spec_factor", max_spec_factor, low=0, high=longest, why=bound)
+        require_number("max_spec_offset", max_spec_offset, low=0, high=longest, why=bound)
         require_number("min_token_prob", min_token_prob, low=0, high=1)
         require_flag(tree_spec=tree_spec, warm_up_teaches=warm_up_teaches)
         self.name = name

@@ -15,17 +15,28 @@ logits per generated token that the mismatch diagnosis compares, and the peak GP
     method    the method under test (its drafter, its speculative settings)
     baseline  the plain autoregressive decode it is compared with, token for token and in time
 
+How an engine is chosen: the ``engine`` config group's ``_target_`` names its class (``conf/engine/<name>.yaml``,
+as every config group names what it builds). Before anything loads, ``specbench.config`` asks that class to
+``check_config`` its settings against the drafter and run groups; the ``EngineSettings`` it returns say what the
+runner and the run's identity need to know of them, and are handed back to ``load``. An engine imports nothing
+heavy of its own (vLLM) at module level, so the check runs in any environment.
+
 Call order, once per session: ``run_settings`` and ``environment``/``sources`` (recorded in run.json and the
 summary header), ``check_fits`` for every pending question, ``warm_up`` on the first that fits, then for every
-question ``answer`` for each role and ``save_state`` once it is recorded.
+question ``answer`` for each role and ``save_state`` once it is recorded; with load levels, ``serve`` per level and
+role once the paired questions are done, each after an untimed ``serve`` of fewer tokens, the level's warm-up
+(``specbench.load_sweep``); ``close`` however the run ends.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 from specbench.questions import Prompt
+from specbench.results.load import ServedRequest
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import Answer
 
@@ -52,6 +63,31 @@ class SkipQuestion(Exception):
 Skip = Callable[[Prompt, SkipQuestion], None]
 
 
+@dataclass
+class EngineSettings:
+    """An engine's config group (``conf/engine/<name>.yaml``, ``_target_`` aside) as its ``Engine.check_config``
+    checked it: what the runner reads before anything loads. An engine with settings of its own extends it with
+    them (``specbench.engines.vllm_methods.VllmSettings``).
+
+    name: the engine's name (``engine.name``), which the run directory's and the method's names carry
+    """
+
+    name: str = "specbench"
+    #: the settings that change neither outputs nor timings, and why: left out of run.json's identity, so that a
+    #: run directory continues with them changed (tests/test_run_safety.py checks every key is recorded or here)
+    NOT_RESULT_SETTINGS: ClassVar[dict[str, str]] = {}
+
+    @property
+    def load_levels(self) -> list[int]:
+        """Requests in flight at which the run is also measured under load (none: one request at a time)."""
+        return []
+
+    def identity(self) -> dict | None:
+        """run.json's "engine": every setting but NOT_RESULT_SETTINGS, which a resumed run must match (None for an
+        engine whose runs record none)."""
+        return {key: value for key, value in asdict(self).items() if key not in self.NOT_RESULT_SETTINGS}
+
+
 class Engine(ABC):
     """Decodes the questions of one run for the method and its baseline (see the module docstring).
 
@@ -63,6 +99,8 @@ class Engine(ABC):
     greedy:      whether the answers are greedy (then method and baseline must agree token for token)
     """
 
+    #: the engine's ``engine.name``: a config group whose ``_target_`` names this class must carry it
+    name: ClassVar[str]
     model_name: str
     drafter_name: str
     dtype: str
@@ -76,6 +114,23 @@ class Engine(ABC):
     # Requests in flight at which the engine is also measured under load (``serve``); none for an engine that
     # decodes one request at a time.
     load_levels: list[int] = []
+    # Whether ``load`` starts processes of its own (vLLM's engine cores and workers): the runner then makes them
+    # the run's own, ended when it ends however it ends (``specbench.run.owned_processes``).
+    starts_processes: ClassVar[bool] = False
+
+    @classmethod
+    @abstractmethod
+    def check_config(cls, engine: dict, drafter: dict, run: dict) -> EngineSettings:
+        """Every check of the run's configuration that is this engine's, before anything loads, in one line naming
+        the bad value and the valid choices: its own settings (``engine``: the resolved group, ``_target_`` left
+        out), whether it runs the drafter config (``drafter``), the run settings it cannot honour (``run``).
+        Imports nothing the default environment lacks. Returns the settings, checked."""
+
+    @classmethod
+    @abstractmethod
+    def load(cls, engine: EngineSettings, model_node, drafter_node, settings, processes) -> Engine:
+        """The engine, loaded for the run's model and drafter config groups: ``engine`` what ``check_config``
+        returned, ``settings`` the run's ``RunSettings``, ``processes`` the job's ``Processes``."""
 
     @abstractmethod
     def run_settings(self) -> dict:
@@ -107,10 +162,13 @@ class Engine(ABC):
         """Every turn of ``prompt`` decoded for ``role`` (``METHOD`` or ``BASELINE``); raises ``SkipQuestion``
         when the question cannot be answered whole."""
 
-    def serve(self, prompts: list[Prompt], role: str, concurrency: int):
+    def serve(self, prompts: list[Prompt], role: str, concurrency: int,
+              max_new_tokens: int | None = None) -> tuple[list[ServedRequest], float]:
         """Under load (only engines with ``load_levels``): every prompt's first turn for ``role`` with
-        ``concurrency`` requests in flight; returns the completions (``specbench.engines.vllm_requests.Completion``,
-        in order) and the seconds from the first submission to the last completion."""
+        ``concurrency`` requests in flight, each prefilled afresh (no prefix an earlier call left cached), of up to
+        ``max_new_tokens`` tokens (None: the run's ``max_new_tokens``; a level's warm-up asks for fewer); returns
+        each request as the client saw it (``ServedRequest``, in ``prompts``' order) and the seconds from the first
+        submission to the last completion."""
         raise NotImplementedError(f"{type(self).__name__} decodes one request at a time")
 
     def close(self) -> None:

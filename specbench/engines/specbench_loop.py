@@ -1,10 +1,12 @@
 """The first engine: specbench's own decoding loop (``specbench.decoding.loop.Decoder``) over the model's
 ``Target``, the method being its drafter and the baseline the loop with no draft (``NoDraft``). Its warm-up,
-calibration and drafter state are its own (``warm_up``, ``calibration``, ``drafter_state`` beside this file)."""
+calibration and drafter state are its own (``warm_up``, ``calibration``, ``drafter_state`` beside this file).
+``conf/engine/specbench.yaml`` names it; it has no setting but its name, and runs every drafter config."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
@@ -14,10 +16,11 @@ from specbench.decoding.loop import Decoder
 from specbench.decoding.sampling import Sampling
 from specbench.distributed import Processes
 from specbench.drafters.ar import NoDraft
-from specbench.engines.base import BASELINE, METHOD, Engine, OnStep, Skip, SkipQuestion
+from specbench.engines.base import BASELINE, METHOD, Engine, EngineSettings, OnStep, Skip, SkipQuestion
 from specbench.engines.conversation import TurnTooLong, answer_question, first_turn_ids
 from specbench.engines.drafter_state import restore_drafter_state, save_drafter_state, saved_drafter_state
 from specbench.engines.warm_up import out_of_memory_skip, warm_up_on_one_that_fits
+from specbench.errors import SpecbenchError
 from specbench.measure import gpu_memory
 from specbench.models import LoadedModel
 from specbench.questions import Prompt
@@ -26,13 +29,24 @@ from specbench.results.schema import Answer
 from specbench.run.environment import environment
 from specbench.run.instantiate import build
 from specbench.settings import RunSettings
-from specbench.targets.transformers import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class LoopSettings(EngineSettings):
+    """``engine=specbench``: its name alone."""
+
+    def identity(self) -> None:
+        """None: the specbench loop's run.json records no "engine", as no run directory written before engines
+        were a config group does, so that those resume."""
+        return None
+
+
 class SpecbenchLoop(Engine):
     """The specbench loop over a loaded model, for one drafter and the AR baseline."""
+
+    name = "specbench"
 
     def __init__(self, model: LoadedModel, drafter: Drafter, settings: RunSettings, sampling: Sampling,
                  processes: Processes):
@@ -49,7 +63,16 @@ class SpecbenchLoop(Engine):
         self.greedy = sampling.greedy
 
     @classmethod
-    def load(cls, model_node: DictConfig, drafter_node: DictConfig, settings: RunSettings,
+    def check_config(cls, engine: dict, drafter: dict, run: dict) -> LoopSettings:
+        """The loop runs every drafter config and honours every run setting; it has no setting but its name."""
+        extra = sorted(set(engine) - {"name"})
+        if extra:
+            raise SpecbenchError(f"engine.{extra[0]} is not a setting of engine=specbench, which has none besides its "
+                                 "name; the other engines and their settings are in conf/engine/ (docs/engines.md)")
+        return LoopSettings(name=engine["name"])
+
+    @classmethod
+    def load(cls, engine: EngineSettings, model_node: DictConfig, drafter_node: DictConfig, settings: RunSettings,
              processes: Processes) -> SpecbenchLoop:
         """Build the drafter and the model their config groups name, and prepare the drafter for the model."""
         drafter: Drafter = build(drafter_node)
@@ -109,14 +132,12 @@ class SpecbenchLoop(Engine):
 
 def loaded_settings(model: LoadedModel, drafter: Drafter) -> dict:
     """The part of run.json known once the model and the drafter are loaded: the target's source and weights
-    (and a draft model's: the drafters that run one keep it as ``drafter.draft``), how it runs, and the software
-    that runs it."""
+    (and a draft model's, ``Drafter.draft_weights_fingerprint``), how it runs, and the software that runs it."""
     env = environment(model)
-    draft = getattr(drafter, "draft", None)
     return {
         "model_source": model.source,
         "weights_fingerprint": model.weights_fingerprint,
-        "draft_weights_fingerprint": weights_fingerprint(draft) if isinstance(draft, torch.nn.Module) else None,
+        "draft_weights_fingerprint": drafter.draft_weights_fingerprint(),
         "dtype": env["dtype"],
         "device": str(model.device),
         "threads": torch.get_num_threads(),

@@ -1,54 +1,77 @@
-"""What ``engine=vllm`` runs: its settings (``conf/engine/vllm.yaml``) and how a drafter config maps onto vLLM's
+"""What ``engine=vllm`` runs: its settings (``conf/engine/vllm.yaml``), the checks before anything loads
+(``check_vllm_config``, which ``VllmEngine.check_config`` is) and how a drafter config maps onto vLLM's
 ``speculative_config``. Pure: imports neither vLLM nor torch, so the checks run before anything loads, in any
 environment.
 
 The mapping goes by the drafter's class (its ``_target_``), so a renamed or derived config (``drafter=sps``
-derives from ``draft_model``) maps as its class does:
+derives from ``draft_model``) maps as its class does, and the drafter configs vLLM runs are derived from
+conf/drafter/ (``vllm_drafters``): a new config of a mapped class runs on vLLM, one of another class is refused,
+without an edit here.
 
     drafter class            vLLM method    settings read from the drafter config
-    ar (NoDraft)             none           -
-    pld, pld-hd (PromptLookup)
+    NoDraft (ar)             none           -
+    PromptLookup (pld, pld-hd)
                              ngram          num_draft_tokens, max_ngram_size, min_ngram_size
-    suffix (SuffixDecoding)  suffix         max_tree_depth, max_cached_requests, max_spec_tokens, max_spec_factor,
+    SuffixDecoding (suffix)  suffix         max_tree_depth, max_cached_requests, max_spec_tokens, max_spec_factor,
                                             min_token_prob (needs the arctic-inference package)
-    eagle/eagle2 (Eagle)     eagle          the head's directory, depth (tokens drafted per step)
-    eagle3 (Eagle)           eagle3         the head's directory, depth
-    sps, draft_model, opt-small, wide-pruned, qwen-0.5b (DraftModel)
+    Eagle (eagle, eagle2)    eagle          the head's directory, depth (tokens drafted per step); refused for a
+                                            head whose fc has a bias (``fc_bias_refusal``)
+    Eagle (eagle3)           eagle3         the head's directory, depth; as eagle
+    Medusa (medusa)          medusa         the heads as vLLM reads them (``engines.vllm.medusa_for_vllm``), heads
+    DraftModel (sps, draft_model, opt-small, wide-pruned, qwen-0.5b, ...)
                              draft_model    the draft's directory, gamma (tokens drafted per step)
 
 vLLM's methods are not line for line the specbench drafters of the same config (docs/fidelity.md, "engine=vllm"):
 its ngram drafts nothing when no n-gram matches (PLD verifies a dummy token), its EAGLE drafts a chain of
-``depth`` tokens (EAGLE-2/3 verify a tree of 60), its draft model drafts a fixed ``gamma`` (sps adapts it). A run
-records the exact ``speculative_config`` it gave vLLM in run.json.
+``depth`` tokens (EAGLE-2/3 verify a tree of 60), its Medusa a chain of each head's best token (Medusa-1 verifies
+the 63-node tree), its draft model drafts a fixed ``gamma`` (sps adapts it). They run the same heads, or are
+refused: vLLM 0.32 has no bias in the EAGLE heads' fc. vLLM has no Hydra. A run records the exact
+``speculative_config`` it gave vLLM in run.json.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
+from specbench.config import group_options, option_target
+from specbench.engines.base import EngineSettings
 from specbench.errors import SpecbenchError
 
-ENGINES = ("specbench", "vllm")
-
-# drafter class -> vLLM's method (None: no speculation, the AR baseline)
+# drafter class -> vLLM's method (None: no speculation, the AR baseline). The other classes have no method in vLLM
+# 0.32 (vllm/config/speculative.py's methods): their drafters are specbench's own, Hydra's among them.
 VLLM_METHODS = {
     "specbench.drafters.ar.NoDraft": None,
     "specbench.drafters.pld.PromptLookup": "ngram",
     "specbench.drafters.suffix.SuffixDecoding": "suffix",
     "specbench.drafters.eagle.Eagle": "eagle",  # or eagle3, by the head's kind
+    "specbench.drafters.medusa.Medusa": "medusa",
     "specbench.drafters.draft_model.DraftModel": "draft_model",
 }
-# The drafter configs (conf/drafter/) engine=vllm runs, for the refusal of the others (pinned by a test against
-# the configs' classes).
-VLLM_DRAFTERS = ("ar", "draft_model", "eagle", "eagle2", "eagle3", "opt-small", "pld", "pld-hd", "qwen-0.5b", "sps",
-                 "suffix", "wide-pruned")
+# vLLM's method -> the weights it loads from the drafter (``Drafter.shared_weights``' kind); the others load none.
+METHOD_WEIGHTS = {"eagle": "head", "eagle3": "head", "medusa": "head", "draft_model": "draft_model"}
+# vLLM's methods whose head has an fc layer without a bias, whatever the checkpoint holds: vLLM 0.32 builds it with
+# bias=False (model_executor/models/llama_eagle.py:110-118, llama_eagle3.py:242-250) and its weight loader drops
+# every weight ending in .bias that the module lacks, without a word (model_executor/models/utils.py:457-458).
+FC_WITHOUT_BIAS = ("eagle", "eagle3")
 # Run settings that tune specbench's own loop; vLLM has nothing that honours them.
 LOOP_ONLY_RUN_SETTINGS = {"draft_budget": "off", "verify_padding": "off"}
 
 
+def vllm_drafters() -> list[str]:
+    """The drafter configs (conf/drafter/) engine=vllm runs, in order: those whose class maps onto a vLLM method."""
+    return [name for name in group_options("drafter") if option_target("drafter", name) in VLLM_METHODS]
+
+
 @dataclass
-class VllmSettings:
+class VllmSettings(EngineSettings):
     """``conf/engine/vllm.yaml``, checked (see that file for what each key does)."""
+
+    NOT_RESULT_SETTINGS: ClassVar[dict[str, str]] = {
+        "concurrency": "selects load levels: a run directory can be extended to more levels",
+        "paired": "selects what is measured: a run under load can be extended by its paired questions",
+        "request_timeout_s": "a limit: a request that outlives it is skipped or its level fails, never changed",
+    }
 
     name: str = "vllm"
     paired: bool = True
@@ -60,6 +83,10 @@ class VllmSettings:
     cpu_kv_cache_gib: int = 2
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
+
+    @property
+    def load_levels(self) -> list[int]:
+        return list(self.concurrency)
 
     @staticmethod
     def from_config(node: dict) -> VllmSettings:
@@ -118,7 +145,7 @@ def vllm_method(drafter: dict) -> str | None:
     if target not in VLLM_METHODS:
         raise SpecbenchError(
             f"drafter={drafter.get('name', target)} runs on engine=specbench only: vLLM has no such method; "
-            f"engine=vllm runs drafter={', '.join(VLLM_DRAFTERS)}")
+            f"engine=vllm runs drafter={', '.join(vllm_drafters())}")
     method = VLLM_METHODS[target]
     if method == "eagle" and drafter.get("kind") == "eagle3":
         return "eagle3"
@@ -144,23 +171,28 @@ def speculative_config(drafter: dict, checkpoint: str | None) -> dict | None:
                 "suffix_decoding_min_token_prob": float(drafter["min_token_prob"])}
     if checkpoint is None:
         raise SpecbenchError(f"drafter={drafter.get('name')} on engine=vllm needs its {method} checkpoint's directory")
-    steps = drafter["depth"] if method in ("eagle", "eagle3") else drafter["gamma"]
-    return {"method": method, "model": str(checkpoint), "num_speculative_tokens": int(steps)}
+    # medusa: one token per head, the first ``heads`` of the checkpoint (vLLM builds num_speculative_tokens heads)
+    steps = {"eagle": "depth", "eagle3": "depth", "medusa": "heads"}.get(method, "gamma")
+    return {"method": method, "model": str(checkpoint), "num_speculative_tokens": int(drafter[steps])}
 
 
-def check_engine_config(engine: dict, drafter: dict, run: dict) -> VllmSettings | None:
-    """Every check of ``engine=`` before anything loads: its name, its settings, whether vLLM runs the drafter,
-    and the run settings that only specbench's loop honours. Returns the vLLM settings (None for the specbench
-    loop)."""
-    name = engine.get("name")
-    if name not in ENGINES:
-        raise SpecbenchError(f"engine.name={name!r} is not an engine; choose engine={' or engine='.join(ENGINES)}")
-    if name == "specbench":
-        extra = sorted(set(engine) - {"name"})
-        if extra:
-            raise SpecbenchError(f"engine.{extra[0]} is not a setting of engine=specbench (it has none besides "
-                                 "its name); settings such as engine.concurrency belong to engine=vllm")
+def fc_bias_refusal(drafter_name: str, method: str, source: str, fc_bias: bool) -> str | None:
+    """Why ``method`` on vLLM would not run the head at ``source`` that ``drafter_name`` runs on engine=specbench
+    (None when it would): the head's fc has a bias (``fc_bias``: a non-zero ``fc.bias`` in the checkpoint, or a
+    head specbench is about to train with one) and vLLM's has none (FC_WITHOUT_BIAS), so vLLM's acceptance would be
+    another head's under this head's name. EAGLE-1's published heads and specbench's trained ones all have one
+    (EAGLE's fc defaults to bias=True)."""
+    if method not in FC_WITHOUT_BIAS or not fc_bias:
         return None
+    return (f"drafter={drafter_name} on engine=vllm: its head ({source}) has an fc layer with a bias, which vLLM "
+            f"0.32's {method} head lacks and its loader drops without a word, so vLLM would draft with another head "
+            f"under drafter={drafter_name}'s name; run it on engine=specbench, or give a head whose fc has no bias "
+            f"(config.json \"bias\": false)")
+
+
+def check_vllm_config(engine: dict, drafter: dict, run: dict) -> VllmSettings:
+    """Every check of ``engine=vllm`` before anything loads (``VllmEngine.check_config``): its settings, whether
+    vLLM runs the drafter, and the run settings that only specbench's loop honours. Returns the settings."""
     settings = VllmSettings.from_config(dict(engine))
     vllm_method(drafter)
     for key, value in LOOP_ONLY_RUN_SETTINGS.items():

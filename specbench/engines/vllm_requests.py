@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -64,6 +66,64 @@ def top_arrays(logprobs, k: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, values
 
 
+class StreamedRequest:
+    """One request's outputs as they stream from vLLM's ``AsyncLLM.generate`` (``RequestOutputKind.DELTA``: each
+    output carries the tokens new since the last), timed by the client's ``clock`` from ``start``, its submission:
+    ``first_token_s`` is when the first output with a token arrived, ``last_token_s`` when the last one did."""
+
+    def __init__(self, key, start: float, clock=time.perf_counter):
+        self.key, self.start, self.clock = key, start, clock
+        self.tokens: list[int] = []
+        self.logprobs: list = []
+        self.times: list[float] = []  # seconds from submission to each output that carried tokens
+        self.last = None
+
+    async def consume(self, outputs) -> None:
+        async for output in outputs:
+            piece = output.outputs[0]
+            if piece.token_ids:
+                self.times.append(self.clock() - self.start)
+                self.tokens.extend(piece.token_ids)
+                if piece.logprobs:
+                    self.logprobs.extend(piece.logprobs)
+            self.last = output
+
+    def completion(self, top_k: int | None) -> Completion:
+        """The finished request; ``top_k``: the log-probabilities asked for per token (None or 0: none)."""
+        piece = self.last.outputs[0]
+        spec = piece.spec_decode_metrics.to_dict() if piece.spec_decode_metrics is not None else None
+        top = top_arrays(self.logprobs, top_k) if top_k and len(self.logprobs) == len(self.tokens) else None
+        first, last = (self.times[0], self.times[-1]) if self.times else (0.0, 0.0)
+        return Completion(self.key, self.tokens, first, last, spec, top, piece.finish_reason)
+
+
+def keeping_interrupts(start, undo):
+    """``start()``'s result, unless a Ctrl-C (SIGINT) came while it ran: then ``undo(result)`` and KeyboardInterrupt.
+    vLLM 0.32 swallows a KeyboardInterrupt raised while its engine starts (``zmq_socket_ctx``,
+    vllm/utils/network_utils.py:471-472, wraps the engine's handshake), and would go on with the run; a
+    KeyboardInterrupt it lets through goes on as it is. Only in the main thread, where a Python handler of SIGINT
+    runs."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        return start()
+    came = []
+
+    def noted(signum, frame):
+        came.append(signum)
+        previous(signum, frame)  # the run's own handler: raises KeyboardInterrupt (or ends the process)
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        result = start()
+    finally:
+        if signal.getsignal(signal.SIGINT) is noted:  # else the handler changed it (a second Ctrl-C now stops)
+            signal.signal(signal.SIGINT, previous)
+    if came:
+        undo(result)
+        raise KeyboardInterrupt
+    return result
+
+
 class ServedModel:
     """One vLLM engine: ``complete`` one request at a time, ``serve`` many with a number kept in flight."""
 
@@ -74,7 +134,8 @@ class ServedModel:
         self.loop = asyncio.new_event_loop()
         self._ids = itertools.count()
         args = AsyncEngineArgs(**engine_args)
-        self.engine = self.loop.run_until_complete(self._start(args))
+        self.engine = keeping_interrupts(lambda: self.loop.run_until_complete(self._start(args)),
+                                         lambda engine: engine.shutdown(timeout=15))
 
     @staticmethod
     async def _start(args):
@@ -95,34 +156,18 @@ class ServedModel:
         from vllm.inputs import TokensPrompt
 
         request_id = f"{self.label}-{next(self._ids)}"
-        start = time.perf_counter()
-        tokens, logprobs, times, last = [], [], [], None
-
-        async def consume():
-            nonlocal last
-            async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
-                                                     request_id=request_id):
-                piece = output.outputs[0]
-                if piece.token_ids:
-                    times.append(time.perf_counter() - start)
-                    tokens.extend(piece.token_ids)
-                    if piece.logprobs:
-                        logprobs.extend(piece.logprobs)
-                last = output
-
+        stream = StreamedRequest(key, time.perf_counter())
         try:
-            await asyncio.wait_for(consume(), timeout_s)
+            await asyncio.wait_for(stream.consume(self.engine.generate(
+                TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=request_id)), timeout_s)
         except asyncio.TimeoutError:
             await self.engine.abort(request_id)
             raise RequestTimedOut(f"a request to vLLM ({self.label}) had not finished after {timeout_s:g} s "
-                                  f"(engine.request_timeout_s) with {len(tokens)} tokens; it was aborted") from None
+                                  f"(engine.request_timeout_s) with {len(stream.tokens)} tokens; it was aborted"
+                                  ) from None
         except Exception as error:
             raise _engine_failure(error, self.label) from error
-        piece = last.outputs[0]
-        spec = piece.spec_decode_metrics.to_dict() if piece.spec_decode_metrics is not None else None
-        top = top_arrays(logprobs, params.logprobs) if params.logprobs and len(logprobs) == len(tokens) else None
-        return Completion(key, tokens, times[0] if times else 0.0, times[-1] if times else 0.0, spec, top,
-                          piece.finish_reason)
+        return stream.completion(params.logprobs)
 
     def complete(self, prompt_ids: list[int], params, timeout_s: float) -> tuple[Completion, float]:
         """One request on its own; returns it and the seconds from its submission to its end."""

@@ -4,7 +4,8 @@ safe default thread count, and the per-question check that flags timings taken o
 Why it matters: torch's CPU threads wait for each other at every operator. With one of two cores taken by
 another process, two threads decode a small model at a fraction of a token per second (one thread keeps most
 of its speed), and paired timing does not hide a collapse of that size. The numbers are kept either way; a run
-whose timings are suspect says so in its summary, its printed table and the analysis tables.
+whose timings are suspect says so in its summary, its printed table and the analysis tables. The summary's verdict
+also counts the stalls inside each question, which the load around it does not show (``specbench.measure.stalls``).
 
 Linux only (/proc/stat, sched_getaffinity, cgroups); elsewhere the checks report nothing and never flag.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench.measure import metrics
+from specbench.measure.stalls import NOT_CHECKED, NOT_MEASURED, STALLED, describe, stall_verdict
 
 # Other processes may keep this many cores busy beyond what the run's threads leave free before its timings are
 # flagged: a background daemon's blips stay under it, a process spinning on a core does not.
@@ -202,8 +204,11 @@ class TimingCheck:
 
     def report(self, answers: list[dict], baseline_answers: list[dict] | None) -> dict:
         """summary.json's ``timing``: trustworthy unless a question ran while other processes took the cores the
-        run's threads needed (``specbench.contention`` of its answer record) or its AR baseline ran at under half
-        the run's median AR speed; each such question is named in ``warnings``."""
+        run's threads needed (``specbench.contention`` of its answer record), its AR baseline ran at under half
+        the run's median AR speed, or stalled steps lost a material share of its time (``specbench.stalls``:
+        ``specbench.measure.stalls``); each such question is named in ``warnings``. ``stalls`` counts the
+        questions by that last check: the stalled ones by id, those it could not judge (no per-step times) and
+        those recorded before it."""
         warnings = []
         if self.threads > max_threads(self.usable_cores):
             # The run's own threads outnumber the cores: every question is slowed whatever else runs, so the
@@ -218,8 +223,14 @@ class TimingCheck:
                 warnings.append(f"question {record['question_id']}: other processes kept {other:.1f} of "
                                 f"{self.usable_cores:g} cores busy")
         warnings += slow_baseline_warnings(baseline_answers or [])
+        verdicts = [stall_verdict(record.get("specbench")) for record in answers]
+        stalled = [record for record, verdict in zip(answers, verdicts) if verdict == STALLED]
+        warnings += [f"question {record['question_id']}: {describe(record['specbench']['stalls'])}"
+                     for record in stalled]
         return {"trustworthy": not warnings, "warnings": warnings, "threads": self.threads,
-                "usable_cores": self.usable_cores, "other_load": self.other_load_at_start}
+                "usable_cores": self.usable_cores, "other_load": self.other_load_at_start,
+                "stalls": {"stalled_questions": [record["question_id"] for record in stalled],
+                           "not_measured": verdicts.count(NOT_MEASURED), "not_checked": verdicts.count(NOT_CHECKED)}}
 
 
 def slow_baseline_warnings(baseline_answers: list[dict]) -> list[str]:

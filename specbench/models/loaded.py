@@ -10,18 +10,19 @@ import torch
 
 from specbench.decoding.target import Target
 from specbench.errors import SpecbenchError
-from specbench.models.prompt_format import PromptFormat, make_prompt_format
+from specbench.models.prompt_format import PromptFormat, check_prompt_arguments, make_prompt_format
+from specbench.targets.choice import build_target, check_target
 from specbench.targets.kernels import use_linear_backend
-from specbench.targets.transformers import TransformersTarget, TransformersWeights
+from specbench.targets.transformers import TransformersWeights
 from specbench.targets.weights import TargetWeights
 
 
 @dataclass
 class LoadedModel:
     """A causal LM ready for decoding, with what the runner needs to talk to it: ``target``, the ``Target`` the
-    decoding loop runs, and ``weights``, the ``TargetWeights`` builders and run.json read, both constructed by the
-    loader (``finish_loading``). The properties below answer from one of the two what drafters and the runner
-    read most."""
+    decoding loop runs (the class ``model.target`` names: ``specbench.targets.choice``), and ``weights``, the
+    ``TargetWeights`` builders and run.json read, both constructed by the loader (``finish_loading``). The
+    properties below answer from one of the two what drafters and the runner read most."""
 
     name: str
     target: Target
@@ -104,12 +105,21 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(int(i) for i in ids)
 
 
+def check_loader_arguments(target=None, **others) -> None:
+    """The GGUF and hub loaders' ``check_arguments`` (``config.check_group_values`` runs it before anything loads):
+    their ``model.target`` (``targets.choice.check_target``) and prompt format (``check_prompt_arguments``)."""
+    check_target(target)
+    check_prompt_arguments(**others)
+
+
 def finish_loading(name, model, tokenizer, prompt_format, system_message, device, source, linear_backend,
                    family=None, placement: str = "single", chat_template_kwargs=None,
-                   checkpoint: str | None = None) -> LoadedModel:
+                   checkpoint: str | None = None, target=None) -> LoadedModel:
     """The last steps of every loader: move the model to ``device`` in eval mode (unless ``placement`` says
     accelerate or tensor parallelism placed it already), choose its linear kernels, and wrap it with its prompt
-    format (``chat_template_kwargs``: the chat template's keywords), EOS ids and context length."""
+    format (``chat_template_kwargs``: the chat template's keywords), EOS ids and context length. ``target``: the
+    ``model.target`` node, which names the Target class built around the model (``targets.choice.build_target``;
+    None: the transformers target)."""
     if placement == "device_map":
         from specbench.models.placement import check_loaded_placement
 
@@ -130,7 +140,7 @@ def finish_loading(name, model, tokenizer, prompt_format, system_message, device
     text_config = model.config.get_text_config()
     return LoadedModel(
         name=name,
-        target=TransformersTarget(model),
+        target=build_target(target, model),
         weights=TransformersWeights(model),
         tokenizer=tokenizer,
         prompt_format=make_prompt_format(prompt_format, tokenizer, system_message, chat_template_kwargs),

@@ -14,6 +14,7 @@ from specbench.models.loaded import LoadedModel, finish_loading
 from specbench.models.placement import choose_placement, load_placed
 from specbench.models.prompt_format import ByteTokenizer, CharTokenizer
 from specbench.settings import MAX_SEED
+from specbench.targets.choice import check_target, target_builder
 
 # The model is built in float32 on the host first, whatever model.dtype asks for.
 BUILD_BYTES_PER_PARAMETER = 4
@@ -47,6 +48,7 @@ def build_tiny_random(
     tp_plan: str | None = None,
     device_map=None,
     architecture: str = "llama",
+    target=None,
 ) -> LoadedModel:
     """A small Llama (or, by ``architecture``, Qwen2 or Qwen3) with random weights over a byte-level vocabulary,
     built in memory (no files).
@@ -58,8 +60,10 @@ def build_tiny_random(
     ``tp_plan`` / ``device_map``: loaded again through ``from_pretrained`` with that placement (tests of tensor
     parallelism and of accelerate's placement). ``architecture``: ``llama``, ``qwen2`` or ``qwen3`` (ARCHITECTURES),
     same-architecture stand-ins for targets that cannot be downloaded here; the Qwen ones take the Qwen
-    checkpoints' rotary base.
+    checkpoints' rotary base. ``target``: the ``model.target`` node, the Target class built around the model
+    (``specbench.targets.choice``; None: the transformers target).
     """
+    builder = target_builder(target)
     check_tiny_random(hidden_size=hidden_size, intermediate_size=intermediate_size, num_layers=num_layers,
                       num_heads=num_heads, num_kv_heads=num_kv_heads, max_context=max_context,
                       initializer_range=initializer_range, seed=seed, alphabet=alphabet, architecture=architecture)
@@ -103,15 +107,17 @@ def build_tiny_random(
               + (f":architecture={architecture}" if architecture != "llama" else "")
               + (f":alphabet={alphabet}" if alphabet else ""))
     return finish_loading(name, model, tokenizer, prompt_format, None, torch_device, source, linear_backend,
-                          family, placement.kind)
+                          family, placement.kind, target=builder)
 
 
 def check_tiny_random(hidden_size: int = 64, intermediate_size: int = 128, num_layers: int = 2, num_heads: int = 4,
                       num_kv_heads: int = 2, max_context: int = 8192, initializer_range: float = 0.2, seed: int = 0,
-                      alphabet: str | None = None, architecture: str = "llama", **others) -> None:
+                      alphabet: str | None = None, architecture: str = "llama", target=None, **others) -> None:
     """Refuse, with one line naming the key, the value and what is valid, a ``build_tiny_random`` argument that
-    transformers or the decoding would fail on later (in LlamaConfig, in the first attention, or out of memory);
-    builds nothing. The other arguments (``others``) are checked where they are used."""
+    transformers or the decoding would fail on later (in LlamaConfig, in the first attention, or out of memory),
+    or a ``model.target`` no loader could build (``targets.choice.check_target``); builds nothing. The other
+    arguments (``others``) are checked where they are used."""
+    check_target(target)
     if not isinstance(architecture, str) or architecture not in ARCHITECTURES:
         raise SpecbenchError(f"model.architecture={architecture!r} is not known; choose one of "
                              f"{', '.join(ARCHITECTURES)}")

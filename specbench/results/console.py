@@ -64,7 +64,7 @@ def format_summary_table(summary: dict) -> str:
 
 def summary_flags(summary: dict, shown: int = 5) -> list[str]:
     """Lines that must not be missed under a summary table: timings taken on a busy machine (the numbers stay,
-    flagged), a run on the CPU of a machine whose GPUs torch could not use, and questions skipped (how many, by
+    flagged), questions with stalls inside them (``stall_flags``), a run on the CPU of a machine whose GPUs torch could not use, and questions skipped (how many, by
     cause, and the first few with their reasons)."""
     lines = []
     unused = (summary.get("environment") or {}).get("gpus_not_used")
@@ -76,12 +76,32 @@ def summary_flags(summary: dict, shown: int = 5) -> list[str]:
         warnings = timing.get("warnings", [])
         lines.append(f"TIMINGS UNTRUSTWORTHY (busy machine, {len(warnings)} warning(s)): "
                      + "; ".join(warnings[:shown]) + (" ..." if len(warnings) > shown else ""))
+    lines += stall_flags(timing.get("stalls") or {}, shown)
     skipped = summary.get("skipped") or []
     if skipped:
         counted = ", ".join(f"{count} {SKIP_CAUSES.get(cause, cause)}" for cause, count in skip_counts(skipped).items())
         lines.append(f"skipped {len(skipped)} question(s): "
                      + "; ".join(f"{record['question_id']}: {record['reason']}" for record in skipped[:shown])
                      + (" ..." if len(skipped) > shown else "") + f" ({counted})")
+    return lines
+
+
+def stall_flags(stalls: dict, shown: int = 5) -> list[str]:
+    """The lines of the summary's ``timing.stalls`` (``specbench.measure.stalls``): the questions whose stalled
+    steps lost a material share of their time (kept, flagged), and how many could not be checked."""
+    lines = []
+    stalled = stalls.get("stalled_questions") or []
+    if stalled:
+        names = ", ".join(map(str, stalled[:shown])) + (" ..." if len(stalled) > shown else "")
+        lines.append(f"STALLED: {len(stalled)} question(s) lost more than run.stall_share of their time to stalled "
+                     f"steps ({names}): kept and flagged; python -m analysis tables --leave-out-stalled leaves them "
+                     "out")
+    if stalls.get("not_measured"):
+        lines.append(f"stalls inside a question: not measured for {stalls['not_measured']} question(s) (the engine "
+                     "records no per-step times)")
+    if stalls.get("not_checked"):
+        lines.append(f"stalls inside a question: not checked for {stalls['not_checked']} question(s) (recorded "
+                     "before specbench checked for them)")
     return lines
 
 

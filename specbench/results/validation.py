@@ -31,6 +31,21 @@ def is_seconds(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
+def _is_stall_record(stalls) -> bool:
+    """A ``specbench.stalls`` record (``specbench.measure.stalls.question_stalls``): not measured (stalled null),
+    or a verdict with each role's counts, which the summary and analysis describe."""
+    # "stalled" present, and True, False or None itself (not 0 or 1.0, which compare equal to them)
+    if not isinstance(stalls, dict) or not any(stalls.get("stalled", 0) is verdict for verdict in (True, False, None)):
+        return False
+    if stalls["stalled"] is None:
+        return True
+    roles = stalls.get("roles")
+    return (isinstance(roles, dict) and bool(roles)
+            and all(isinstance(found, dict) and is_count(found.get("steps"))
+                    and all(is_seconds(found.get(key)) for key in ("excess_s", "wall_s", "share"))
+                    for found in roles.values()))
+
+
 @dataclass(frozen=True)
 class LineKind:
     """What a line of one kind of result file must hold to be counted (``record_problem``), beyond a JSON object
@@ -146,6 +161,9 @@ def _specbench_problem(ours, kind: LineKind) -> str | None:
     if contention is not None and not (isinstance(contention, dict) and (contention.get("other_cores") is None
                                                                          or is_seconds(contention["other_cores"]))):
         return "has a specbench.contention without a number of other_cores"
+    if "stalls" in ours and not _is_stall_record(ours["stalls"]):
+        return ("has a specbench.stalls that is not a stall verdict (stalled true, false or null, and each role's "
+                "steps, excess_s, wall_s and share)")
     prefill = ours.get("prefill_s")
     if prefill is not None and not (isinstance(prefill, list) and all(part is None or is_seconds(part)
                                                                        for part in prefill)):

@@ -12,6 +12,7 @@ import torch
 
 import specbench
 from specbench.models.devices import driver_version, gpus_listed_by_driver, why_no_cuda
+from specbench.run.locked_versions import versions_against_lock
 
 if TYPE_CHECKING:
     from specbench.models import LoadedModel
@@ -22,7 +23,9 @@ def environment(model: LoadedModel) -> dict:
     driver's (``cuda_driver``), how many CUDA devices the process sees (``cuda_device_count``,
     ``cuda_visible_devices``) and each GPU the target uses (``gpus``: name, memory, compute capability); those are
     None on a CPU. ``gpus_not_used`` names the GPUs nvidia-smi lists when the run is on the CPU because torch
-    cannot use them, and why (None otherwise): the summary table flags it."""
+    cannot use them, and why (None otherwise): the summary table flags it. ``versions_vs_lock``: every installed
+    version that differs from the lock of this torch build (``specbench.run.locked_versions``), which the report
+    shows."""
     import transformers
 
     device = model.device
@@ -50,6 +53,7 @@ def environment(model: LoadedModel) -> dict:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES") if gpus else None,
         "gpus": [_gpu_description(used) for used in gpus] if gpus else None,
         "gpus_not_used": unused,
+        "versions_vs_lock": versions_against_lock(torch.version.cuda),
     }
 
 

@@ -27,6 +27,7 @@ from specbench.results.readers import read_json_file
 from specbench.results.resumable import resume_refusal
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import SCHEMA_VERSION
+from specbench.targets.choice import recorded_target
 
 # Known before the model is loaded (checked before anything is loaded) ...
 PLANNED_KEYS = ("processes",)
@@ -36,19 +37,20 @@ PLACEMENT_KEYS = PLANNED_KEYS + LOADED_KEYS
 UNRECORDED = "unrecorded"
 
 
-# Keys of the model, drafter and task groups that change neither outputs nor timings, and why. Every other
-# resolved key of those groups and of ``run`` goes into run.json and must match for a run directory to be
+# Keys of the model, drafter, task and run groups that change neither outputs nor timings, and why. Every
+# other resolved key of those groups goes into run.json and must match for a run directory to be
 # resumed (tests/test_run_safety.py checks that every key of every config is covered, so a new key is recorded
-# unless it is listed here).
+# unless it is listed here). The engine group's are its engine's to say (``EngineSettings.NOT_RESULT_SETTINGS``).
 NOT_RESULT_SETTINGS = {
     "model.cache_dir": "where the converted copy is kept; its content is checked by checksum",
     "drafter.cache_dir": "where databases are cached; they are keyed by content",
     "task.name": "a label",
     "task.tasks": "selects questions: a run directory can be extended to more tasks",
     "task.limit_per_task": "selects questions: a run directory can be extended to more questions",
-    "engine.concurrency": "selects load levels: a run directory can be extended to more levels",
-    "engine.paired": "selects what is measured: a run under load can be extended by its paired questions",
-    "engine.request_timeout_s": "a limit: a request that outlives it is skipped or its level fails, never changed",
+    # Each answer records the rule it was judged by (specbench.stalls.rule), so a resumed run may judge by another.
+    "run.stall_factor": "judges the timings, changes none of them (stalls inside a question)",
+    "run.stall_min_s": "judges the timings, changes none of them (stalls inside a question)",
+    "run.stall_share": "judges the timings, changes none of them (stalls inside a question)",
 }
 # run.json's name for each config group.
 RESULT_GROUPS = {"model": "model_config", "drafter": "drafter", "run": "run", "task": "task"}
@@ -66,20 +68,24 @@ def question_file_digest(path: str | None) -> str | None:
     return file_digest(local) if local.is_file() else None
 
 
-def config_settings(cfg: DictConfig) -> dict:
+def config_settings(cfg: DictConfig, engine: dict | None) -> dict:
     """The part of run.json that the configuration alone fixes, derived from it: every resolved key of the
-    model, drafter, run and task groups except NOT_RESULT_SETTINGS, plus the question file's content digest."""
+    model, drafter, run and task groups except NOT_RESULT_SETTINGS, plus the question file's content digest, and
+    ``engine``: the engine's own settings that make the run (``EngineSettings.identity``), recorded under "engine"
+    unless None (the specbench loop's run.json has none, as no run directory written before engines were a config
+    group has)."""
     settings = {"schema_version": SCHEMA_VERSION, "model": cfg.model.name}
     for group, key in RESULT_GROUPS.items():
         node = OmegaConf.to_container(cfg[group], resolve=True)
         settings[key] = {name: value for name, value in node.items() if f"{group}.{name}" not in NOT_RESULT_SETTINGS}
     settings["task"]["content_sha256"] = question_file_digest(cfg.task.path)
-    engine = cfg.get("engine")
-    if engine is not None and engine.name != "specbench":
-        # Only another engine is recorded: a run.json without "engine" is the specbench loop's, as every run
-        # directory written before engines were a config group is.
-        node = OmegaConf.to_container(engine, resolve=True)
-        settings["engine"] = {name: value for name, value in node.items() if f"engine.{name}" not in NOT_RESULT_SETTINGS}
+    # The model's Target is recorded only when it is not the transformers one, which every run directory written
+    # before the model config named its Target ran (so those still resume, and compare equal in analysis).
+    target = recorded_target(settings["model_config"].pop("target", None))
+    if target is not None:
+        settings["model_config"]["target"] = target
+    if engine is not None:
+        settings["engine"] = engine
     return settings
 
 
@@ -108,8 +114,9 @@ def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict
     refusal = unrecorded_refusal(output_dir, earlier)
     if refusal is not None:
         raise refusal
-    # "engine" is recorded only for an engine other than the specbench loop, so a run.json that has it is compared
-    # on it even when this configuration has none (a vLLM run directory resumed with engine=specbench).
+    # "engine" is recorded only for an engine whose settings make the run (not the specbench loop), so a run.json
+    # that has it is compared on it even when this configuration has none (a vLLM run directory resumed with
+    # engine=specbench).
     refusal = resume_refusal(output_dir, earlier, settings, sorted(set(settings) | ({"engine"} & set(earlier))))
     if refusal is not None:
         raise refusal
@@ -118,7 +125,7 @@ def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict
 def already_finished(output_dir: str, questions: list[Prompt], with_baseline: bool,
                      run_dir: RunDirectory | None = None, load_levels: list[int] = ()) -> dict | None:
     """The summary of ``output_dir`` when it already holds every selected question for these settings, and every
-    level of ``load_levels`` (``engine.concurrency``) for both roles, so a re-run sweep skips finished cells
+    level of ``load_levels`` (``EngineSettings.load_levels``) for both roles, so a re-run sweep skips finished cells
     without loading anything; None otherwise. ``run_dir``: the RunDirectory the run opens afterwards, so that a
     bad line read here is not warned about twice."""
     summary_file = Path(output_dir) / "summary.json"
@@ -131,14 +138,6 @@ def already_finished(output_dir: str, questions: list[Prompt], with_baseline: bo
     if not all(prompt.question_id in done for prompt in questions):
         return None
     return read_json_file(summary_file, "summary of the run in that directory")
-
-
-def planned_load_levels(cfg: DictConfig) -> list[int]:
-    """The load levels the configuration asks for (``engine.concurrency``; none for an engine without them)."""
-    levels = OmegaConf.select(cfg, "engine.concurrency", default=None)
-    if levels is None:
-        return []
-    return [int(levels)] if isinstance(levels, int) else [int(level) for level in levels]
 
 
 def planned_settings(world_size: int) -> dict:

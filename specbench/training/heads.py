@@ -25,13 +25,16 @@ A method's module defines (the contract the trainer calls):
 and optionally ``place(head, kind, device)`` (the head on the device it trains on, where ``Module.to`` does not
 move all it reads: Hydra's copy of the target's embedding), ``READS_LABELS = False`` (its loss and chain never
 read ``Labels``, which then stay on the host: Medusa's), ``NULLABLE[kind]`` (method settings that may also be
-null), ``check(kind, settings)`` (ranges the types cannot say; raises SpecbenchError), ``batch_depth(kind, recipe)`` (label positions a batch must reach past
-each index; default EVAL_POSITIONS), ``chain_length(kind, recipe)`` (the draft positions the method's chain has, when
-fewer than EVAL_POSITIONS: acceptance is measured at those alone), ``draft_ids(head, kind)`` (the target ids of a reduced draft vocabulary, whose
-lm_head rows alone ``Labels`` multiplies), ``notes(head, kind, training, held_out)`` (method-specific counts for the
-manifest's ``data``) and ``SECONDS_PER_KILO_TOKEN[kind]`` (for the estimate said before a build). A method setting
-named ``final_lr_multiplier`` (Hydra's) ends the cosine or linear decay at that fraction of the peak learning rate;
-a kind without one decays to 0.
+null), ``check(kind, settings)`` (ranges the types cannot say; raises SpecbenchError), ``batch_depth(kind, recipe)``
+(label positions a batch must reach past each index; default EVAL_POSITIONS), ``decays(kind, name)`` (whether AdamW
+decays the trainable parameter ``name``; default: every one), ``TRAINING_VERSION[kind]`` (bumped when a change of
+the kind's training changes what its recipes build: part of its heads' keys alone, where RECIPE_VERSION is every
+kind's), ``chain_length(kind, recipe)`` (the draft positions the method's chain has, when fewer than
+EVAL_POSITIONS: acceptance is measured at those alone), ``draft_ids(head, kind)`` (the target ids of a reduced draft
+vocabulary, whose lm_head rows alone ``Labels`` multiplies), ``notes(head, kind, training, held_out)``
+(method-specific counts for the manifest's ``data``) and ``SECONDS_PER_KILO_TOKEN[kind]`` (for the estimate said
+before a build). A method setting named ``final_lr_multiplier`` (Hydra's) ends the cosine or linear decay at that
+fraction of the peak learning rate; a kind without one decays to 0.
 
 Index conventions, used throughout: a sequence x_0..x_{L-1} holds a prompt of P tokens and an answer. At index t the
 head knows the true tokens x_0..x_{t+1} and the features f_0..f_t; its k-th chain token guesses x_{t+1+k}, the
@@ -75,6 +78,9 @@ CHECKPOINT_S = 60.0  # at most this much training is lost to a killed build (an 
 EVAL_POSITIONS = 6  # draft positions whose acceptance is measured (a chain this deep)
 SCHEDULES = ("cosine", "linear", "constant")
 CLIP_KINDS = ("value", "norm")
+# The most optimizer steps a training takes (train_steps, warmup_steps, or epochs of batches): an int32's range, far
+# past any training, so that a finite setting never overflows the float and int arithmetic of the step counts.
+MOST_STEPS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -110,14 +116,20 @@ class Recipe:
         a new head) and the training code's version. The prompt set's text is the artefact's to add
         (``artefacts.trained_head.head_key``): the trainer is given its data, it does not read it."""
         settings = {name: _plain(getattr(self, name)) for name in common_names()}
-        return {"recipe_version": RECIPE_VERSION, **settings,
+        # a kind's own version (its module's TRAINING_VERSION) changes its heads' keys alone
+        version = getattr(methods.module(self.kind), "TRAINING_VERSION", {}).get(self.kind)
+        return {"recipe_version": RECIPE_VERSION, **({"training_version": version} if version else {}), **settings,
                 **{name: _plain(value) for name, value in self.method.items()}}
 
     def steps(self, sequences: int) -> int:
         """Optimizer steps over ``sequences`` training sequences: train_steps, or ``epochs`` of batches."""
         if self.train_steps is not None:
             return self.train_steps
-        return int(math.ceil(self.epochs * math.ceil(sequences / self.batch_sequences)))
+        steps = self.epochs * math.ceil(sequences / self.batch_sequences)
+        if not steps <= MOST_STEPS:  # a finite epochs can still make an infinite float (1e308 x 145)
+            raise SpecbenchError(f"{self.kind} training epochs={self.epochs:g} over {sequences} sequences is more than "
+                                 f"{MOST_STEPS} steps; choose fewer epochs")
+        return int(math.ceil(steps))
 
     def warmup(self, steps: int) -> int:
         """Warm-up steps of a training of ``steps`` steps."""
@@ -199,8 +211,9 @@ def _checked(kind: str, name: str, value):
     if name in ("train_steps", "warmup_steps"):
         if value is None:
             return None
-        if not _is_int(value) or value < 0:
-            raise SpecbenchError(f"{kind} training {name} must be an integer >= 0 or null, got {value!r}")
+        if not _is_int(value) or not 0 <= value <= MOST_STEPS:
+            raise SpecbenchError(f"{kind} training {name} must be an integer in [0, {MOST_STEPS}] or null, got "
+                                 f"{value!r}")
         return int(value)
     if name in _INTEGERS:
         if not _is_int(value) or value < _INTEGERS[name]:
@@ -256,7 +269,8 @@ def _checked_method(kind: str, name: str, value, default, nullable: bool):
         raise AssertionError(f"METHOD_SETTINGS[{kind!r}][{name!r}]: a default of type {expected} cannot be checked")
     if not ok:
         bound = " >= 0" if expected in ("int", "number") else ""
-        raise SpecbenchError(f"{kind} training {name} must be a {expected}{bound}"
+        wanted = {"int": "an integer", "bool": "true or false", "str": "a string"}.get(expected, f"a {expected}")
+        raise SpecbenchError(f"{kind} training {name} must be {wanted}{bound}"
                              f"{' or null' if nullable else ''}, got {value!r}")
     return value
 
@@ -581,6 +595,20 @@ def _schedule(optimizer, recipe: Recipe, total: int):
         optimizer, lambda step: schedule_factor(recipe.schedule, step, warmup, total, final))
 
 
+def new_optimizer(head, module, kind: str, recipe: Recipe) -> torch.optim.AdamW:
+    """AdamW over ``head``'s trainable parameters as the method's own trainer builds it: ``recipe.weight_decay`` on
+    the parameters the method decays, 0 on the others. Which ones the kind's ``decays(kind, name)`` hook says; a
+    kind without one decays every parameter (EAGLE's ``AdamW(model.parameters())``, DeepSpeed's AdamW for EAGLE-3).
+    The undecayed ones form a second parameter group, present only when there are any."""
+    trainable = _trainable(head)
+    decays = getattr(module, "decays", None)
+    decayed = [parameter for name, parameter in trainable.items() if decays is None or decays(kind, name)]
+    undecayed = [parameter for name, parameter in trainable.items() if decays is not None and not decays(kind, name)]
+    groups = [{"params": params, "weight_decay": decay}
+              for params, decay in ((decayed, recipe.weight_decay), (undecayed, 0.0)) if params]
+    return torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas)
+
+
 def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Recipe, staging: Path,
           identity: dict, checkpoint_s: float = CHECKPOINT_S, on_step=None) -> tuple[list[float], float]:
     """Train ``head`` in place for ``recipe.steps(len(sequences))`` steps with the method's ``loss`` hook, resuming
@@ -595,7 +623,7 @@ def train(head, labels: Labels, sequences: list[Sequence], kind: str, recipe: Re
     module = methods.module(kind)
     total = recipe.steps(len(sequences))
     parameters = list(_trainable(head).values())
-    optimizer = torch.optim.AdamW(parameters, lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay)
+    optimizer = new_optimizer(head, module, kind, recipe)
     schedule = _schedule(optimizer, recipe, total)
     step, losses, seconds = 0, [], 0.0
     state = _load_checkpoint(staging, identity, set(_trainable(head)))

@@ -72,6 +72,22 @@ SOURCES = {"hydra": {
     "final_lr_multiplier": f"{README}:159 {COMMIT}, hydra/train/utils.py:17,59 {COMMIT}",
 }}
 
+# 2: biases undecayed, as Hydra's Trainer leaves them (``decays``); 1 (none written) decayed every parameter
+TRAINING_VERSION = {"hydra": 2}
+
+
+def decays(kind: str, name: str) -> bool:
+    """Whether AdamW decays the head's parameter ``name``, as Hydra's training does: a transformers Trainer
+    (hydra/train/train.py:50 @3f39fbd, transformers==4.36.2 by pyproject.toml:16), whose ``create_optimizer``
+    (trainer.py:923-946 in 4.36.2) decays the parameters ``get_decay_parameter_names`` lists (:912-921): every one
+    but those whose name holds "bias" and those inside an instance of ``ALL_LAYERNORM_LAYERS`` (``nn.LayerNorm``,
+    pytorch_utils.py:25, and transformers' own LlamaRMSNorm, which its modeling_llama.py:120 adds). Hydra's prefix
+    layer normalises with its own RMSNorm class (hydra/model/modeling_llama_kv.py:107 @3f39fbd), which that list
+    does not hold, so its norm weights are decayed; the head's names are Hydra's (``heads.hydra_heads``)."""
+    _check_kind(kind)
+    return "bias" not in name
+
+
 # Seconds per 1000 training tokens (4 heads of 4 blocks) on the 2-core CPU of the development machine, for the
 # one-line estimate printed before a build (artefacts.trained_head.build_seconds_estimate): the default build for
 # SmolLM2-135M (145 steps of 4 sequences of 249 tokens) ran its last steps alone at 14.7 s a step; its whole

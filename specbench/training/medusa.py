@@ -1,11 +1,13 @@
 """Training Medusa-1 heads (kind ``medusa``) for any target, the hooks the head trainer calls (see
 ``specbench.training.heads`` for the data, the ``Batch`` and its index conventions).
 
-Medusa-1's recipe (FasterDecoding/Medusa ``medusa/train/train_legacy.py`` @e2a5d20, the heads as Spec-Bench loads
+Medusa-1's recipe (FasterDecoding/Medusa ``medusa/train/train_legacy.py`` @e2a5d20, whose loss is the first
+release's, ``medusa/train/train.py`` @ab5d60c, which trained the published heads; the heads as Spec-Bench loads
 them, ``model/medusa/medusa_model.py`` @fd2c1cd): the target is frozen and only the heads train; each head's
 residual block starts with a zero weight and its lm_head as a copy of the target's; the loss is the sum over heads,
 undecayed, of each head's mean hard-label cross-entropy, head k (0-based) at position t against the sequence's
-token at t + 2 + k, over the answer (assistant) tokens only.
+token at t + 2 + k, over the answer (assistant) tokens only (the first release's masking, train.py:178-202
+@ab5d60c; train_legacy.py's later masking at :196-212 keeps every token whose offsets are not empty).
 
 Index conventions (``Batch``): features[:, t] is the target's final post-norm state f_t at position t, from which
 the target's own lm_head predicts x_{t+1}; head k predicts x_{t+2+k}. A label x_u is trained when it is an answer
@@ -61,11 +63,25 @@ SOURCES = {"medusa": {
              "TrainingArguments adam_beta1/adam_beta2 defaults)",
     "batch_sequences": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:1, 6, 8 @e2a5d20",
     "precision": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:3 @e2a5d20; medusa/train/train_legacy.py:357",
-    "data": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:2 @e2a5d20; medusa/train/train_legacy.py:196-212",
+    "data": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:2 @e2a5d20; the assistant turns alone: "
+            "medusa/train/train.py:178-202 @ab5d60c (the first release, which trained the published heads)",
     "heads": "FasterDecoding/Medusa medusa/model/medusa_model.py:143 @e2a5d20 (the uploaded heads hold 5; "
              "scripts/train_vicuna_7b.sh:19 says 3)",
     "layers": "FasterDecoding/Medusa scripts/train_vicuna_7b.sh:20 @e2a5d20",
 }}
+
+# 2: biases undecayed, as Medusa's Trainer leaves them (``decays``; the same head at the default weight decay, 0)
+TRAINING_VERSION = {"medusa": 2}
+
+
+def decays(kind: str, name: str) -> bool:
+    """Whether AdamW decays the heads' parameter ``name``, as Medusa-1's training does: a transformers Trainer
+    (``CustomizedTrainer``, medusa/train/train.py:44 @ab5d60c), whose ``create_optimizer`` decays every parameter
+    but those whose name holds "bias" and those inside a LayerNorm (``get_decay_parameter_names``), which the heads
+    have none of. Only a non-zero ``weight_decay`` tells: the published recipe's is 0."""
+    _check_kind(kind)
+    return "bias" not in name
+
 
 # Seconds per 1000 trained tokens on the development machine's 2 CPU cores, for the estimate said before a build
 # (artefacts.trained_head.build_seconds_estimate): the default build for SmolLM2-135M alone, 862 s for 145 steps of
@@ -77,6 +93,17 @@ SECONDS_PER_KILO_TOKEN = {"medusa": 6.0}
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise SpecbenchError(f"Medusa head kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
+
+
+def check(kind: str, settings: dict) -> None:
+    """Ranges the settings' types cannot say (the trainer already refuses negative numbers): at least one head
+    and one residual block, which Medusa's loader requires too (``heads.medusa_heads``: a config's
+    medusa_num_layers must be positive, and weights without a head are refused), so that a recipe that could only
+    publish an unusable head is refused before anything is built."""
+    _check_kind(kind)
+    for name in ("heads", "layers"):
+        if settings[name] < 1:
+            raise SpecbenchError(f"medusa training {name} must be an integer >= 1, got {settings[name]}")
 
 
 # Medusa-1 trains on the data's tokens (hard labels): the trainer need not put the target's lm_head copy (Labels,

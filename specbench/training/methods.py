@@ -38,6 +38,9 @@ _DATA_WHY = ("ShareGPT is opt-in (`prompts: sharegpt`: a 13 MB download specbenc
 _LR = ("specbench's training is hundreds of steps, not hundreds of thousands: at the published rate a randomly "
        "initialised head barely moves in that many (specbench's first recipe was tuned at 1e-3)")
 _WARMUP = "the published warm-up is longer than specbench's whole training; a ratio scales with it"
+_HYDRA_WARMUP = ("Hydra's 100 warm-up steps are a few percent of its run at most (ten epochs of ShareGPT's tens of "
+                 "thousands of conversations at 32 a step: over 3,000 steps), but 69% of specbench's one epoch of "
+                 "about 145 steps; a ratio of 0.1 (15 steps) keeps the warm-up a small share of the training")
 DIFFERENCES = {
     "eagle": {
         "epochs": (2.0, "20 epochs of 68,000 dialogues took days on GPUs; 2 epochs of specbench's data trained in "
@@ -90,13 +93,19 @@ DIFFERENCES = {
                         "sequences) is already specbench's longest head build on 2 CPU cores (about 36 minutes of training "
                         "alone, from the 14.7 s a step measured), as each of the 4 heads trains its own 49,152-row "
                         "lm head"),
-        "lr": (1e-3, _LR),
-        "warmup_steps": (None, _WARMUP),
-        "warmup_ratio": (0.1, _WARMUP),
+        "lr": (1e-3, "specbench trains one epoch where Hydra trained ten (epochs): at twice Hydra's rate, the rate "
+                     "specbench's other heads train at (Medusa-1's published one), the parts of the head that start "
+                     "random (the prefix layer and each head's projecting residual connection; the other blocks "
+                     "start at a zero weight and the lm heads' weights as the target's, as Hydra initialises "
+                     "them) move further in that tenth of the steps; 5e-4 was not measured against it"),
+        "warmup_steps": (None, _HYDRA_WARMUP),
+        "warmup_ratio": (0.1, _HYDRA_WARMUP),
         "batch_sequences": (4, "4 sequences on each of 8 GPUs; specbench takes 4 sequences per step on one CPU, so "
                                "an epoch of its few hundred answers is 150 steps rather than 19"),
         "precision": ("float32", _FLOAT32),
-        "data": (_DATA, _DATA_WHY),
+        "data": (_DATA, "ShareGPT is opt-in (`prompts: sharegpt`: a 13 MB download specbench does not ship); Hydra's "
+                        "published loss learns the target's own distribution at every position (teacher loss 1, "
+                        "data loss 0), which on the target's own answers is the text it drafts"),
         "max_length": ("prompt + 256 answer tokens", "specbench's answers are max_new_tokens long (256), well inside "
                                                      "the published 2,048-token truncation, which never cuts them"),
     },

@@ -100,6 +100,10 @@ def distill(student, teacher, batches, tokens: int, lr: float, device) -> list[f
 
 # The numbers of a drafter's ``pruned`` entry (build_pruned_draft's keyword arguments): the least each may be.
 _PRUNED_COUNTS = {"distill_tokens": 0, "block_size": 1, "batch_size": 1, "seed": 0}
+# The most any of them (and a layer count or index) may be: the bound of every drafter count
+# (``drafters.base.MAX_COUNT``, which a module on this floor cannot import; tests/test_setting_values.py holds the two
+# equal), so that a finite count never overflows the int64 arithmetic of what it sizes.
+_MOST = 2**31 - 1
 
 
 def check_pruned_settings(settings: dict) -> None:
@@ -108,12 +112,14 @@ def check_pruned_settings(settings: dict) -> None:
     and layers a count or a list of layer indices (their range is checked against the target by select_layers)."""
     layers = settings.get("layers")
     entries = layers if isinstance(layers, (list, tuple)) else [layers]
-    if not entries or not all(isinstance(layer, int) and not isinstance(layer, bool) for layer in entries):
-        raise SpecbenchError(f"pruned.layers must be a number of layers or a list of layer indices, got {layers!r}")
+    if not entries or not all(isinstance(layer, int) and not isinstance(layer, bool) and layer <= _MOST
+                              for layer in entries):
+        raise SpecbenchError(f"pruned.layers must be a number of layers or a list of layer indices (at most {_MOST}), "
+                             f"got {layers!r}")
     for key, least in _PRUNED_COUNTS.items():
         value = settings.get(key, least)
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise SpecbenchError(f"pruned.{key} must be an integer >= {least}, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= _MOST:
+            raise SpecbenchError(f"pruned.{key} must be an integer in [{least}, {_MOST}], got {value!r}")
     lr = settings.get("lr", 3e-4)
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
         raise SpecbenchError(f"pruned.lr must be a number > 0, not inf or nan, got {lr!r}")
