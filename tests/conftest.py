@@ -21,6 +21,19 @@ TEST_CACHE = testing.isolated_cache("specbench-test-cache-", share_models=True,
                                     on_made=lambda cache: atexit.register(shutil.rmtree, cache, ignore_errors=True))
 
 
+@pytest.fixture(autouse=True)
+def sigint_as_the_test_found_it():
+    """Each test leaves Ctrl-C's handler as it found it. A script's main run in-process (runpy, as a test of its
+    command line does) arms specbench's own handler (``specbench.interrupts``), which ends the process at once on
+    SIGINT: a later test that sends itself a SIGINT then ended pytest (exit 130) in one order of the suite."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not handler:
+        signal.signal(signal.SIGINT, handler)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """tiny-random exactly as ``model=tiny-random`` builds it."""

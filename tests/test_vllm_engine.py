@@ -566,9 +566,15 @@ def test_a_ctrl_c_that_vllm_swallows_while_an_engine_starts_still_interrupts_the
         return "engine"
 
     undone = []
-    handler = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        keeping_interrupts(swallowing_start, undone.append)
-    assert undone == ["engine"] and signal.getsignal(signal.SIGINT) is handler
-    assert keeping_interrupts(lambda: "engine", undone.append) == "engine" and undone == ["engine"]
-    assert signal.getsignal(signal.SIGINT) is handler
+    # Python's own Ctrl-C handler, as a run has it: whatever an earlier test left (SIG_DFL would end pytest itself
+    # at the kill above) is put back afterwards.
+    handler = signal.default_int_handler
+    earlier = signal.signal(signal.SIGINT, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            keeping_interrupts(swallowing_start, undone.append)
+        assert undone == ["engine"] and signal.getsignal(signal.SIGINT) is handler
+        assert keeping_interrupts(lambda: "engine", undone.append) == "engine" and undone == ["engine"]
+        assert signal.getsignal(signal.SIGINT) is handler
+    finally:
+        signal.signal(signal.SIGINT, earlier)
