@@ -185,3 +185,55 @@ def test_a_written_lock_names_the_python_and_platform_setup_compares_with():
     assert lock.pins == {"numpy": "2.4.6", "sympy": "1.14.0", "torch": "2.13.0"} and lock.torch_only == {"sympy", "torch"}
     setup = (REPO / "setup.sh").read_text()
     assert """print("Python %d.%d, %s %s" % (*sys.version_info[:2], platform.system(), platform.machine()))""" in setup
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """The top-level names a file imports when it is loaded (its body, and the try/if blocks there): an import inside
+    a function is an optional dependency the function names when it is missing."""
+    import ast
+
+    names = set()
+    pending = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, (ast.Try, ast.If)):
+            pending.extend(node.body + node.orelse + getattr(node, "finalbody", []))
+            pending.extend(statement for handler in getattr(node, "handlers", []) for statement in handler.body)
+    return names
+
+
+def test_every_module_the_code_and_tests_import_comes_from_a_locked_distribution():
+    """A package only this machine's system site-packages provides (the venv sees them, for a cluster's torch) passes
+    here and fails on a fresh machine: CI's newest-releases environment found scipy imported by a test and installed
+    by nothing specbench declares. Each module imported when a file loads must come from a distribution the lock
+    pins (what setup.sh installs), or be the standard library or this checkout's own."""
+    import importlib.metadata
+
+    from specbench.run.locked_versions import normalized
+
+    locked = set(read_lock("cpu").pins)
+    providers = importlib.metadata.packages_distributions()
+    roots = ["specbench", "tests", "scripts", "analysis"]
+    local = {path.stem for root in roots for path in (REPO / root).glob("*.py")} | {
+        path.name for path in REPO.iterdir() if path.is_dir()}
+    unlocked = {}
+    for root in roots:
+        for path in sorted((REPO / root).rglob("*.py")):
+            for name in module_level_imports(path):
+                # pip: every venv's own installer (pyproject_requirements.py reads TOML with its tomli on Python 3.10)
+                if name in sys.stdlib_module_names or name in local or name in ("__future__", "pip"):
+                    continue
+                if not any(normalized(dist) in locked for dist in providers.get(name, [])):
+                    unlocked.setdefault(name, []).append(str(path.relative_to(REPO)))
+    assert unlocked == {}, f"imported, but from no locked distribution: {unlocked}"
+
+
+def test_the_import_check_sees_an_unlocked_module(tmp_path):
+    source = tmp_path / "uses_scipy.py"
+    source.write_text("import os\ntry:\n    from scipy.stats import chi2\nexcept ImportError:\n    pass\n"
+                      "def later():\n    import datasets\n")
+    assert module_level_imports(source) == {"os", "scipy"}

@@ -38,10 +38,13 @@ def numbers_from_meta(monkeypatch):
     on meta selects every element (its count is data); every other tensor reads as before."""
     import torch.fx.experimental._config as fx_config
 
-    monkeypatch.setattr(fx_config, "meta_nonzero_assume_all_nonzero", True)
     to_float, item = torch.Tensor.__float__, torch.Tensor.item
     monkeypatch.setattr(torch.Tensor, "__float__", lambda self: 0.0 if self.is_meta else to_float(self))
     monkeypatch.setattr(torch.Tensor, "item", lambda self: 0.0 if self.is_meta else item(self))
+    # torch's own patch, not monkeypatch's: pytest 9.2 undoes a setattr on a module by deleting the attribute when
+    # the module's __dict__ lacked it, and on torch's config module that deletes the setting itself.
+    with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+        yield
 
 
 def recipe(kind: str, **common):
