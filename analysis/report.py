@@ -117,6 +117,51 @@ def environment_section(run_dirs) -> str:
     return "".join(parts)
 
 
+COST_HEADERS = (("run", "run"), ("ar_pass_ms", "AR's pass (ms)"), ("floor_ms", "floor (ms)"),
+                ("ar_over_floor", "AR's pass over the floor"), ("bandwidth_gb_s", "bandwidth (GB/s)"),
+                ("weights_mb", "weights read per pass (MB)"), ("verify_over_ar", "verify of q tokens over AR's pass"))
+
+
+def cost_rows(run_dirs) -> pd.DataFrame:
+    """One row per run whose summary.json records a cost curve (``specbench.measure.floor``): AR's pass, the
+    machine's floor for it, and each verify size's median over AR's pass."""
+    names = run_names(run_dirs)
+    rows = []
+    for run in run_dirs:
+        try:
+            curve = read_summary(Path(run)).get("cost_curve") if (Path(run) / "summary.json").is_file() else None
+        except SpecbenchError:
+            curve = None
+        if not isinstance(curve, dict) or not (curve.get("ar_pass_s") or curve.get("verify_s")):
+            continue
+        relative = curve.get("relative_to_ar_pass") or {}
+        rows.append({"run": names[str(run)],
+                     "ar_pass_ms": curve["ar_pass_s"] * 1000 if curve.get("ar_pass_s") else None,
+                     "floor_ms": curve["floor_s"] * 1000 if curve.get("floor_s") else None,
+                     "ar_over_floor": curve.get("ar_pass_over_floor"),
+                     "bandwidth_gb_s": curve["bandwidth_bytes_per_s"] / 1e9 if curve.get("bandwidth_bytes_per_s")
+                     else None,
+                     "weights_mb": curve["bytes_per_pass"] / 1e6 if curve.get("bytes_per_pass") else None,
+                     "verify_over_ar": " ".join(f"{size}:{ratio:.2f}" for size, ratio in relative.items()) or None})
+    return pd.DataFrame(rows, columns=[name for name, _ in COST_HEADERS])
+
+
+def cost_section(run_dirs) -> str:
+    """What a target pass costs in each run against the least it could cost on that machine: a speedup is MAT
+    over this curve, so a run far above its floor describes its kernels as much as its method."""
+    rows = cost_rows(run_dirs)
+    if rows.empty:
+        return ""
+    layout = TableLayout(id_columns=(), headers=COST_HEADERS,
+                         missing_default="not measured (the engine runs the target elsewhere, the target is spread "
+                                         "over devices or processes, no AR baseline, or too few steps of a size)")
+    return ("<h2>Cost of a target pass</h2><p class='note'>The floor is the bytes of weights one pass reads over the "
+            "memory bandwidth the machine shows for a read of that size (probed once per machine); AR's pass is its "
+            "seconds per token after the prefill; each verify size's median over AR's pass is what a method's step "
+            "costs against the step it replaces (docs/measurement.md, \"The cost of a pass\").</p>"
+            + render_table(rows, "Per run", layout))
+
+
 def leaderboard_section(questions: pd.DataFrame) -> str:
     """The Spec-Bench leaderboard as one table per statistic (speedup, MAT, and whatever else it holds), tasks
     as columns, then its overall counts."""
@@ -240,7 +285,7 @@ def build_report(questions: pd.DataFrame, steps: pd.DataFrame, out: Path, title:
                 f"{len(runs)} run(s), {len(questions)} question records. "
                 f"{MISSING} in a table: no value; the legend under each table says why.</p>"]
     if runs:
-        sections.append(environment_section(runs))
+        sections += [environment_section(runs), cost_section(runs)]
     flagged = untrusted_runs(questions)
     if flagged:
         sections.append(_warning_box(

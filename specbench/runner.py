@@ -152,7 +152,8 @@ def summary_header(engine: Engine, method: str) -> dict:
     """What the summary says about the run besides its results: model, method, environment, the sources of the
     method's databases (logged once)."""
     header = {"model": engine.model_name, "drafter": engine.drafter_name, "method": method,
-              "environment": engine.environment(), "drafter_sources": engine.sources()}
+              "environment": engine.environment(), "drafter_sources": engine.sources(),
+              "pass_floor": engine.pass_floor()}
     for database, source in header["drafter_sources"].items():
         log.info("%s %s built from %s", engine.drafter_name, database, source.get("prompt_set") or source)
     return header

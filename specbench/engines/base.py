@@ -145,6 +145,12 @@ class Engine(ABC):
     def sources(self) -> dict[str, dict]:
         """What each database or model the method reads was built from, for the summary header."""
 
+    def pass_floor(self) -> dict | None:
+        """The least one target pass can take here, for the summary's cost curve (``specbench.measure.floor``):
+        ``{"bytes_per_pass", "bandwidth"}``, or None where this process does not hold the whole target on one
+        device (an engine that serves it elsewhere, a target spread over devices or processes)."""
+        return None
+
     @abstractmethod
     def check_fits(self, prompt: Prompt) -> None:
         """Raise ``SkipQuestion`` when ``prompt`` cannot be decoded here at all (its first turn leaves no room in

@@ -22,6 +22,7 @@ from specbench.engines.drafter_state import restore_drafter_state, save_drafter_
 from specbench.engines.warm_up import out_of_memory_skip, warm_up_on_one_that_fits
 from specbench.errors import SpecbenchError
 from specbench.measure import gpu_memory
+from specbench.measure.floor import bytes_read_per_pass, machine_bandwidth
 from specbench.models import LoadedModel
 from specbench.questions import Prompt
 from specbench.results.run_directory import RunDirectory
@@ -29,6 +30,7 @@ from specbench.results.schema import Answer
 from specbench.run.environment import environment
 from specbench.run.instantiate import build
 from specbench.settings import RunSettings
+from specbench.storage.cache import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,17 @@ class SpecbenchLoop(Engine):
 
     def sources(self) -> dict[str, dict]:
         return self.drafter.sources()
+
+    def pass_floor(self) -> dict | None:
+        # Several processes or devices each read their part over their own bus: no one machine's floor.
+        if self.processes.world_size > 1 or len(self.model.devices) > 1:
+            return None
+        weights = self.model.weights
+        output_weight = getattr(weights.output_layer(), "weight", None)
+        read = bytes_read_per_pass(weights.parameter_count, weights.dtype.itemsize, weights.input_embeddings(),
+                                   output_weight if isinstance(output_weight, torch.Tensor) else None)
+        bandwidth = machine_bandwidth(cache_root(None) / "machine", self.model.device, torch.get_num_threads(), read)
+        return {"bytes_per_pass": read, "bandwidth": bandwidth}
 
     def check_fits(self, prompt: Prompt) -> None:
         try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from specbench.measure import metrics
+from specbench.measure.floor import describe_curve
 from specbench.results.schema import SKIP_CAUSES
 from specbench.results.summary import skip_counts
 
@@ -52,6 +53,9 @@ def format_summary_table(summary: dict) -> str:
         shown = " ".join(f"{share:.2f}" for share in positions[:SHOWN_POSITIONS])
         more = f" (of {len(positions)})" if len(positions) > SHOWN_POSITIONS else ""
         lines.append(f"acceptance by draft position 1-{min(len(positions), SHOWN_POSITIONS)}{more}, overall: {shown}")
+    curve = describe_curve(summary.get("cost_curve") or {})
+    if curve:
+        lines.append(f"cost of a pass: {curve}")
     lines += ["exact = identical / near-tie / violation (see specbench.measure.mismatch); speedup = mean tok/s over mean AR "
               "tok/s (Spec-Bench);",
               "per-q = mean of per-question speedups; MAT = mean accepted tokens per target pass, prefill and bonus "

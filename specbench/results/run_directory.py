@@ -4,12 +4,15 @@ rewritten whole where a reader must never see half of one (the file list: ``spec
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from specbench.errors import SpecbenchError, damage_reason
+from specbench.measure import metrics
+from specbench.measure.floor import cost_curve, verify_medians
 from specbench.questions import Prompt
 from specbench.results.question_keys import question_id_of_key, question_id_problem, question_key
 from specbench.results.readers import RunResults, read_json_file, read_run_results, run_question_ids
@@ -162,8 +165,19 @@ class RunDirectory:
                    "skipped": self.skipped, "skipped_by_cause": skip_counts(self.skipped)}
         if timing is not None:
             summary["timing"] = timing.report(self.answers, baseline)
+        summary["cost_curve"] = self.cost_curve(baseline, header.get("pass_floor"))
         write_atomically(self.summary_file, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
         return summary
+
+    def cost_curve(self, baseline: list[dict] | None, pass_floor: dict | None) -> dict:
+        """The run's own cost curve beside the machine's floor (``specbench.measure.floor.cost_curve``): the method's
+        verify time per size from its steps so far, AR's pass from the baseline's decoding after each prefill."""
+        frame = self.steps()
+        medians = verify_medians(zip(frame.step, frame.verify_tokens, frame.verify_s))
+        rates = [metrics.answer_decoding_rate(record) for record in baseline or []]
+        ar_pass_s = statistics.median(1 / rate for rate in rates if rate) if any(rates) else None
+        return cost_curve(medians, ar_pass_s, (pass_floor or {}).get("bytes_per_pass", 0),
+                          (pass_floor or {}).get("bandwidth"))
 
     @staticmethod
     def _rewrite_jsonl(path: Path, records: list[dict]) -> None:
