@@ -4,6 +4,7 @@ pass reads, the bandwidth probed once per machine and size, the curve in summary
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -57,6 +58,16 @@ def test_the_bandwidth_is_probed_once_per_machine_and_size_and_kept(tmp_path):
     assert not other_threads["cached"] and not other_size["cached"] and len(probed) == 3
     assert len(json.loads((tmp_path / floor.BANDWIDTH_FILE).read_text())) == 3
     assert "threads=2" in first["key"] and "threads=1" in other_threads["key"]
+
+
+def test_a_cache_that_cannot_be_written_costs_a_probe_per_run_not_the_run(tmp_path, caplog):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache directory would be")
+    with caplog.at_level(logging.WARNING, logger="specbench"):
+        found = machine_bandwidth(blocked / "machine", CPU, 2, 300 << 20, probe=lambda device, size: 3e10)
+    assert found["bytes_per_s"] == 3e10 and not found["cached"]
+    assert any("could not keep the bandwidth" in record.getMessage() and "SPECBENCH_CACHE" in record.getMessage()
+               for record in caplog.records)
 
 
 @pytest.mark.parametrize("damage", ["{not json", "[1, 2]", None, 0, -5.0, "NaN", True])

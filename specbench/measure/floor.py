@@ -127,9 +127,13 @@ def machine_bandwidth(cache_directory: Path, device: torch.device, threads: int,
              device, read_bytes // 1_000_000)
     measured = float((probe or probe_bandwidth)(device, read_bytes))
     known[key] = measured
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(known, indent=2, sort_keys=True) + "\n"
-    write_atomically(path, lambda target: target.write_text(text))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda target: target.write_text(text))
+    except OSError as error:  # a read-only cache costs a probe per run, not the run
+        log.warning("could not keep the bandwidth in %s (%s); it is probed again by the next run (set "
+                    "SPECBENCH_CACHE to a writable directory)", path, error.strerror or error)
     return {"bytes_per_s": measured, "key": key, "cached": False}
 
 
