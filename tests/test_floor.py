@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import namedtuple
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from specbench.measure.floor import (bytes_read_per_pass, cost_curve, describe_c
 from specbench.runner import run_benchmark
 
 CPU = torch.device("cpu")
+Step = namedtuple("Step", "step verify_tokens verify_s")  # a row of steps.parquet, as much as the curve reads
 
 
 def test_a_pass_reads_every_weight_once_and_of_an_untied_input_table_nothing():
@@ -88,6 +90,7 @@ def test_verify_medians_leave_out_prefills_unreadable_times_and_sizes_seen_too_r
     rows += [(step, 4, 0.050 + 0.001 * step) for step in range(1, 6)]  # five of size 4
     rows += [(step, 2, 0.040) for step in range(1, 5)]  # four of size 2: too few
     rows += [(9, 4, None), (10, 4, float("nan")), (11, 4, -1.0), (12, 0, 0.1)]
+    rows = [Step(*row) for row in rows]
     assert verify_medians(rows) == {4: pytest.approx(0.053)}
 
 

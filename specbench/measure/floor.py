@@ -17,7 +17,7 @@ AR's pass 45 ms, 2.5x its floor of 18 ms; a verify of 2 tokens 1.18x AR's pass, 
 * **Bytes a pass reads** (``bytes_read_per_pass``): every parameter's bytes, less the input embedding's when it is
   not the output layer's own weight (a pass reads only the rows of the tokens it embeds).
 * **The cost curve** (``cost_curve``): the median ``verify_s`` of the method's steps of each verify size with at
-  least ``MIN_STEPS_PER_SIZE`` of them (prefills excluded: a prompt's pass starts from an empty cache), each over AR's
+  least ``stalls.MIN_SAMPLES`` of them (prefills excluded: a prompt's pass starts from an empty cache), each over AR's
   pass: the median over questions of the baseline's seconds per token after the prefill
   (``metrics.answer_decoding_rate``; a whole AR step, its argmax included), which is what a method's step replaces;
   and AR's pass over the floor.
@@ -30,13 +30,13 @@ import json
 import logging
 import math
 import platform
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 
+from specbench.measure.stalls import VerifyTimes
 from specbench.storage.atomic import write_atomically
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,6 @@ BANDWIDTH_FILE = "bandwidth.json"
 PROBE_CAP_BYTES = 1 << 30
 PROBE_MIN_BYTES = 1 << 20
 PROBE_REPEATS = 5
-# A verify size needs this many of the run's steps before its median enters the curve (a median of fewer is one
-# step's noise).
-MIN_STEPS_PER_SIZE = 5
 
 
 def probe_size(bytes_per_pass: int) -> int:
@@ -162,16 +159,15 @@ def bytes_read_per_pass(parameter_count: int, element_size: int, input_embedding
     return total if tied else total - input_embeddings.numel() * element_size
 
 
-def verify_medians(steps: Iterable[tuple[int, int, float]]) -> dict[int, float]:
-    """The median ``verify_s`` per verify size of ``(step, verify_tokens, verify_s)`` rows, prefills (step 0) and
-    sizes with fewer than ``MIN_STEPS_PER_SIZE`` steps left out."""
-    by_size: dict[int, list[float]] = {}
-    for step, size, seconds in steps:
-        if step == 0 or size < 1 or not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
-            continue
-        by_size.setdefault(int(size), []).append(float(seconds))
-    return {size: statistics.median(times) for size, times in sorted(by_size.items())
-            if len(times) >= MIN_STEPS_PER_SIZE}
+def verify_medians(steps: Iterable) -> dict[int, float]:
+    """The median ``verify_s`` per verify size of ``steps`` (objects with ``step``, ``verify_tokens`` and
+    ``verify_s``: rows of steps.parquet), by the stall check's own rule (``stalls.VerifyTimes``: prefills and steps
+    without times left out, sizes with fewer than ``stalls.MIN_SAMPLES`` steps too); a step no pass can have taken
+    (no tokens, no time) is left out as well."""
+    times = VerifyTimes()
+    times.add(step for step in steps if step.verify_tokens >= 1 and not (step.verify_s is not None
+                                                                          and step.verify_s <= 0))
+    return times.medians()
 
 
 def cost_curve(verify_s_by_size: dict[int, float], ar_pass_s: float | None, bytes_per_pass: int,

@@ -114,8 +114,12 @@ class VerifyTimes:
         from_prior = _interpolated(self.prior, size)
         if from_prior is not None:
             return from_prior
-        known = {known: statistics.median(found) for known, found in self.samples.items() if len(found) >= MIN_SAMPLES}
-        return _interpolated(known, size)
+        return _interpolated(self.medians(), size)
+
+    def medians(self) -> dict[int, float]:
+        """The run's own median per verify size, for the sizes with at least MIN_SAMPLES steps, smallest first."""
+        return {size: statistics.median(found) for size, found in sorted(self.samples.items())
+                if len(found) >= MIN_SAMPLES}
 
 
 def role_stalls(steps: Iterable, wall_s: float, reference: Callable[[int], float | None],

@@ -173,7 +173,7 @@ class RunDirectory:
         """The run's own cost curve beside the machine's floor (``specbench.measure.floor.cost_curve``): the method's
         verify time per size from its steps so far, AR's pass from the baseline's decoding after each prefill."""
         frame = self.steps()
-        medians = verify_medians(zip(frame.step, frame.verify_tokens, frame.verify_s))
+        medians = verify_medians(frame.itertuples())
         rates = [metrics.answer_decoding_rate(record) for record in baseline or []]
         ar_pass_s = statistics.median(1 / rate for rate in rates if rate) if any(rates) else None
         return cost_curve(medians, ar_pass_s, (pass_floor or {}).get("bytes_per_pass", 0),
