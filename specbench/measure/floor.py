@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from specbench.measure.machine import cpu_model_and_flags
 from specbench.measure.stalls import VerifyTimes
 from specbench.storage.atomic import write_atomically
 
@@ -61,21 +62,10 @@ def machine_key(device: torch.device, threads: int, read_bytes: int) -> str:
     if device.type == "cuda":
         what = f"cuda:{torch.cuda.get_device_name(device)}"
     else:
-        model, flags = _cpu_model_and_flags()
+        model, flags = cpu_model_and_flags()
+        model = model or platform.processor() or "unknown"
         what = f"cpu:{model}:{hashlib.sha256(flags.encode()).hexdigest()[:12]}:threads={threads}"
     return f"{what}:torch={torch.__version__}:{platform.machine()}:bytes={read_bytes}"
-
-
-def _cpu_model_and_flags() -> tuple[str, str]:
-    """The first CPU's model name and flags from /proc/cpuinfo (Linux); elsewhere platform's processor name."""
-    found = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            found.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return found.get("model name") or platform.processor() or "unknown", found.get("flags", "")
 
 
 def probe_bandwidth(device: torch.device, probe_bytes: int, repeats: int = PROBE_REPEATS) -> float:

@@ -33,6 +33,18 @@ CONTENTION_SLACK_CORES = 0.5
 SLOW_BASELINE_FRACTION = 0.5
 
 
+def cpu_model_and_flags() -> tuple[str | None, str]:
+    """The first CPU's model name and flags from /proc/cpuinfo; (None, "") where there is none (not Linux)."""
+    found = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            found.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return found.get("model name") or None, found.get("flags", "")
+
+
 def usable_cores() -> float:
     """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (containers, SLURM)."""
     try:

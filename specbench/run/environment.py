@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import specbench
+from specbench.measure.machine import cpu_model_and_flags
 from specbench.models.devices import driver_version, gpus_listed_by_driver, why_no_cuda
 from specbench.run.locked_versions import versions_against_lock
 
@@ -77,13 +78,7 @@ def _cuda_driver() -> str | None:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return cpu_model_and_flags()[0] or platform.processor() or "unknown CPU"
 
 
 def _git_sha() -> str | None:
