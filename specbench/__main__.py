@@ -86,6 +86,14 @@ def _report_interrupt(output_dir: str, opened: list) -> None:
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     global _task_started
+    # torch and transformers first: an interrupt while they import ends the process at once, as nothing needs
+    # cleaning up yet, instead of waiting for the import to be done (see Interrupts.unwind).
+    try:
+        from specbench.runner import run_benchmark
+    except Exception as error:  # a broken install: its traceback in torchrun's summary too
+        record_failure(error)
+        raise
+
     _task_started = True
     _interrupts.task_started()
     output_dir = HydraConfig.get().runtime.output_dir
@@ -96,8 +104,6 @@ def main(cfg: DictConfig) -> None:
         opened.append(path)
 
     try:
-        from specbench.runner import run_benchmark
-
         summary = run_benchmark(cfg, output_dir, on_open=on_open)
     except SpecbenchError as error:
         say_user_error(str(error))  # under torchrun: said once, and one line in torchrun's summary

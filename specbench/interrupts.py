@@ -27,6 +27,7 @@ import threading
 import time
 
 INTERRUPTED = 130
+IMPORTLIB_SOURCES = ("importlib/_bootstrap.py", "importlib/_bootstrap_external.py")
 REDELIVERY_S = 0.05  # long enough for the finalizer that swallowed an interrupt to return before the next one
 
 
@@ -40,7 +41,10 @@ class Interrupts:
     saved (``started_message``, or its own line through ``report``); then it ends the process (``leave``). A
     second SIGINT while the first unwinds ends it at once, leaving what a killed process leaves, which the locks
     and staging directories are made to survive. A first SIGINT that lands in a finalizer, where Python would
-    ignore its KeyboardInterrupt, is delivered again once the finalizer returns (``ignored``).
+    ignore its KeyboardInterrupt, is delivered again once the finalizer returns (``ignored``); one that lands inside
+    an import is delivered again once the import is done (``unwind``): a module's import may run in C++ (torch's
+    ``_c10d_init`` imports Python modules through pybind11), where a KeyboardInterrupt is an exception C++ cannot
+    pass on, and the process aborts (status -6, a C++ traceback), as a CI machine slow at importing torch found.
 
     ``leave`` is ``os._exit``, after flushing: Python's own exit kills the process by SIGINT instead (status -2,
     not 130) once a KeyboardInterrupt has passed through an ``exec`` of source text (dataclasses and namedtuple
@@ -61,6 +65,7 @@ class Interrupts:
         self.reported = False
         self.unwinding = False  # from the task's start until the entry point returns
         self.redelivering = False
+        self.redelivery_due = False  # the SIGINT on its way is ``_redeliver``'s, not the user's
         self.unraisable_hook = sys.unraisablehook
 
     def install(self, handler) -> None:
@@ -92,15 +97,29 @@ class Interrupts:
                 and _raised_by(unraisable.exc_traceback, Interrupts.unwind)):
             self.unraisable_hook(unraisable)
             return
+        self.redeliver_later()
+
+    def redeliver_later(self) -> None:
+        """The first interrupt, SIGINT again from another thread after a pause (a signal raised here would be
+        handled inside the caller, where it cannot be raised). Until then a SIGINT is the user's second Ctrl-C, which
+        ends the process at once (``redelivered_or_second``)."""
         self.redelivering = True
-        self.install(self.unwind)
-        # From another thread, after a pause: a signal raised here would be handled inside this hook.
+        self.redelivery_due = False
+        self.install(self.redelivered_or_second)
         threading.Thread(target=self._redeliver, daemon=True).start()
 
     def _redeliver(self) -> None:
         time.sleep(REDELIVERY_S)
-        if self.redelivering:  # not when the user's second Ctrl-C came first: this one would stop the unwinding
+        if self.redelivering:  # not when the user's second Ctrl-C came first: it ended the process
+            self.redelivery_due = True
             os.kill(os.getpid(), signal.SIGINT)
+
+    def redelivered_or_second(self, signum, frame) -> None:
+        if self.redelivery_due:
+            self.redelivery_due = False
+            self.unwind(signum, frame)
+        else:
+            self.stop(signum, frame)
 
     def report(self, message: str) -> None:
         """Print ``message``, unless a line about this interrupt was printed already."""
@@ -114,6 +133,9 @@ class Interrupts:
         self.leave(in_handler=True)
 
     def unwind(self, signum, frame) -> None:
+        if inside_import(frame):
+            self.redeliver_later()
+            return
         self.redelivering = False
         self.install(self.stop)
         raise KeyboardInterrupt
@@ -168,6 +190,17 @@ def follows_interrupt(error: BaseException) -> bool:
             return True
         seen.add(id(error))
         error = error.__cause__ or error.__context__
+    return False
+
+
+def inside_import(frame) -> bool:
+    """Whether ``frame`` runs inside an import: a frame of importlib's bootstrap calls it, directly or not."""
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        # Frozen into the interpreter, as CPython builds it, or read from its source where a build does not freeze it.
+        if filename.startswith("<frozen importlib.") or filename.endswith(IMPORTLIB_SOURCES):
+            return True
+        frame = frame.f_back
     return False
 
 

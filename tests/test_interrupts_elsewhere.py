@@ -7,6 +7,7 @@ death by SIGINT (status -2) at every moment."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -144,3 +145,40 @@ def test_an_interrupt_that_lands_in_a_finalizer_still_ends_the_command():
                             preexec_fn=default_sigint)
     assert result.stdout == ""
     assert result.stderr.strip() == "finalizer: interrupted" and result.returncode == 130, result.stderr
+
+
+IMPORTED = """
+import sys, time
+from specbench.interrupts import Interrupts
+
+interrupts = Interrupts("import: interrupted before it started", "import: interrupted")
+interrupts.arm()
+
+
+def main():
+    import interrupted_module
+    print("imported whole" if interrupted_module.COMPLETE else "imported in part", flush=True)
+    time.sleep(5)
+    print("went on after the interrupt")
+
+
+interrupts.run(main)
+"""
+
+
+@pytest.mark.parametrize("body, stdout", [
+    # signal.raise_signal runs the handler from C, inside the module's code, as torch's _c10d_init ran it once (a
+    # KeyboardInterrupt there aborted the process: status -6); the interrupt waits for the import to be done.
+    ("signal.raise_signal(signal.SIGINT)\n", "imported whole\n"),
+    # Delivered again every REDELIVERY_S while the import goes on: each time it waits again.
+    ("signal.raise_signal(signal.SIGINT)\ntime.sleep(0.4)\n", "imported whole\n"),
+    # The user's second Ctrl-C while the first waits ends the process at once.
+    ("signal.raise_signal(signal.SIGINT)\nsignal.raise_signal(signal.SIGINT)\n", ""),
+], ids=["once", "while-it-goes-on", "a-second-one"])
+def test_an_interrupt_that_lands_inside_an_import_ends_the_command_once_the_import_is_done(tmp_path, body, stdout):
+    (tmp_path / "interrupted_module.py").write_text(f"import signal, time\n{body}COMPLETE = True\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), str(ROOT)]))}
+    result = subprocess.run([sys.executable, "-c", IMPORTED], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                            env=env, preexec_fn=default_sigint)
+    assert (result.returncode, result.stdout, result.stderr.strip()) == (130, stdout, "import: interrupted"), \
+        result.stderr
