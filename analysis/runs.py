@@ -257,7 +257,7 @@ def run_label(summary: dict, settings: dict) -> str:
     method = summary.get("method")
     if not method:
         method = method_name(summary["drafter"], settings.get("draft_budget", "off"),
-                             settings.get("verify_padding", "off"))
+                             settings.get("verify_padding", "off"), settings.get("regime", "eager"))
     temperature = settings.get("temperature") or 0.0
     return method if temperature == 0 else f"{method} T={temperature:g}"
 

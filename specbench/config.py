@@ -195,14 +195,14 @@ def _closest(key: str, valid: list[str]) -> list[str]:
 def register_resolvers() -> None:
     """Interpolations the configs use (registered once, on import):
 
-    ``${method:${drafter.name},${run.draft_budget},${run.verify_padding}}``  the name results are shown under
-        (``hd+budget``), for run and sweep directories;
+    ``${method:${drafter.name},${run.draft_budget},${run.verify_padding},${engine.name},${run.regime}}``  the
+        name results are shown under (``hd+budget``, ``pld@compiled``), for run and sweep directories;
     ``${initials:${drafter.order}}``  the initials of a list, joined: [context, model] -> "CM" (HD's ablation
         names its cells by the databases asked, in order).
     """
     if not OmegaConf.has_resolver("method"):
-        OmegaConf.register_new_resolver("method", lambda name, budget="off", padding="off", engine="specbench":
-                                        method_name(name, str(budget), str(padding))
+        OmegaConf.register_new_resolver("method", lambda name, budget="off", padding="off", engine="specbench",
+                                        regime="eager": method_name(name, str(budget), str(padding), str(regime))
                                         + ("" if engine == "specbench" else f"@{engine}"))
     if not OmegaConf.has_resolver("initials"):
         OmegaConf.register_new_resolver("initials", lambda items: "".join(str(item)[:1].upper() for item in items))

@@ -119,12 +119,12 @@ def measure(engine: Engine, settings: RunSettings, run_dir: RunDirectory, finish
     skipped = processes.share({record["question_id"] for record in run_dir.skipped})
     pending = [prompt for prompt in questions if prompt.question_id not in finished and prompt.question_id not in skipped]
     method = settings.method_name(engine.drafter_name) + engine.method_suffix
-    header = summary_header(engine, method)
     if finished:
         log.info("resuming in %s: %d of %d questions already done", run_dir.path, len(finished), len(questions))
     pending = [prompt for prompt in pending if _fits(engine, prompt, run_dir)]
     if pending:
         pending = engine.warm_up(pending, run_dir, finished, lambda prompt, skip: _record_skip(run_dir, prompt, skip))
+    header = summary_header(engine, method)  # after the warm-up, which compiles a compiled target's passes
     if not engine.paired:  # warmed up, but measured only under load (engine.paired=false)
         pending = []
     with tqdm(total=len(questions), initial=len(questions) - len(pending), unit="q", file=sys.stderr,
@@ -153,7 +153,7 @@ def summary_header(engine: Engine, method: str) -> dict:
     method's databases (logged once)."""
     header = {"model": engine.model_name, "drafter": engine.drafter_name, "method": method,
               "environment": engine.environment(), "drafter_sources": engine.sources(),
-              "pass_floor": engine.pass_floor()}
+              "pass_floor": engine.pass_floor(), "regime": engine.regime()}
     for database, source in header["drafter_sources"].items():
         log.info("%s %s built from %s", engine.drafter_name, database, source.get("prompt_set") or source)
     return header

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 CALIBRATION_SIZES = [*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128]
+# run.regime: eager, Spec-Bench's (one Python call per kernel), or compiled (specbench.targets.compiled).
+REGIMES = ("eager", "compiled")
+COMPILE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # torch's generators take seeds up to 2**64 - 1 and raise on larger ones ("Overflow when unpacking long long").
 MAX_SEED = 2**64 - 1
 # Sampling divides float32 logits by the temperature: below about 1e-37 the quotient overflows to inf and the
@@ -63,6 +68,9 @@ class RunSettings:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    regime: str = "eager"
+    compile_buckets: list[int] = field(default_factory=lambda: list(COMPILE_BUCKETS))
+    compile_mode: str = "max-autotune-no-cudagraphs"
 
     @staticmethod
     def from_config(node: DictConfig | dict) -> RunSettings:
@@ -131,6 +139,25 @@ class RunSettings:
         if self.threads is not None:
             _require_int("threads", self.threads, minimum=1, extra="or null")
             self._check_threads()
+        self._check_regime()
+
+    def _check_regime(self) -> None:
+        """run.regime and its compile settings, checked whatever the regime (a sweep switches it per job); in the
+        compiled regime the largest bucket must hold the largest pass, and the linear layers must be the model's
+        own (torch.compile cannot trace oneDNN's packed ones)."""
+        _require_choice("regime", self.regime, REGIMES)
+        _require_choice("compile_mode", self.compile_mode, COMPILE_MODES)
+        buckets = check_compile_buckets(self.compile_buckets)
+        if self.regime != "compiled":
+            return
+        if buckets[-1] < self.max_draft_tokens + 1:
+            raise SpecbenchError(f"run.compile_buckets ends at {buckets[-1]} tokens, but run.max_draft_tokens="
+                                 f"{self.max_draft_tokens} makes passes of up to {self.max_draft_tokens + 1}: add a "
+                                 f"bucket of at least {self.max_draft_tokens + 1} or lower run.max_draft_tokens")
+        if self.linear_backend == "onednn":
+            raise SpecbenchError("run.linear_backend=onednn cannot run under run.regime=compiled: torch.compile "
+                                 "cannot trace oneDNN's packed layers and packs the weights itself; choose auto or "
+                                 "aten")
 
     def _check_threads(self) -> None:
         """Refuse more threads than the cores this process may use: torch's threads wait for each other at every
@@ -161,7 +188,12 @@ class RunSettings:
 
     def method_name(self, drafter_name: str) -> str:
         """The name a run's results are shown under: see ``method_name``."""
-        return method_name(drafter_name, self.draft_budget, self.verify_padding)
+        return method_name(drafter_name, self.draft_budget, self.verify_padding, self.regime)
+
+    def resolved_linear_backend(self) -> str:
+        """run.linear_backend as the loader is asked for it: ``auto`` is ``aten`` in the compiled regime, whose
+        compiler packs the weights itself."""
+        return "aten" if self.regime == "compiled" and self.linear_backend == "auto" else self.linear_backend
 
     def tolerance(self, dtype: str) -> float:
         """The near-tie tolerance in logits for a model of ``dtype`` ("float32", ...)."""
@@ -175,18 +207,36 @@ class RunSettings:
         return sizes if sizes and sizes[-1] == largest else [*sizes, largest]
 
 
+def check_compile_buckets(buckets) -> tuple[int, ...]:
+    """run.compile_buckets as a tuple: ascending distinct positive token counts starting at 1, or a one-line
+    refusal."""
+    # A list from Python or YAML, or OmegaConf's ListConfig as Hydra hands the target its settings.
+    values = list(buckets) if isinstance(buckets, Sequence) and not isinstance(buckets, str) else None
+    if (not values or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in values)
+            or sorted(set(values)) != values or values[0] != 1):
+        raise SpecbenchError(f"run.compile_buckets must be ascending distinct positive token counts starting at 1 "
+                             f"(such as {COMPILE_BUCKETS}), got {buckets!r}")
+    return tuple(values)
+
+
 TUNING_SUFFIXES = (("draft_budget", "+budget"), ("verify_padding", "+pad"))
 
 
-def method_name(drafter_name: str, draft_budget: str = "off", verify_padding: str = "off") -> str:
+def method_name(drafter_name: str, draft_budget: str = "off", verify_padding: str = "off",
+                regime: str = "eager") -> str:
     """A drafter's name with a suffix per tuning of specbench's own that is on, so that a tuned method is never
-    shown under a published method's name: ``hd``, ``hd+budget``, ``pld+budget+pad``.
+    shown under a published method's name, and ``@compiled`` in the compiled regime, so that its numbers are
+    shown beside the eager ones Spec-Bench's are comparable with, never instead of them: ``hd``, ``hd+budget``,
+    ``pld+budget+pad``, ``pld@compiled``.
 
     >>> method_name("hd", draft_budget="auto")
     'hd+budget'
+    >>> method_name("pld", regime="compiled")
+    'pld@compiled'
     """
     switches = {"draft_budget": draft_budget, "verify_padding": verify_padding}
-    return drafter_name + "".join(suffix for key, suffix in TUNING_SUFFIXES if switches[key] != "off")
+    name = drafter_name + "".join(suffix for key, suffix in TUNING_SUFFIXES if switches[key] != "off")
+    return name + ("" if regime == "eager" else f"@{regime}")
 
 
 def _is_number(value) -> bool:

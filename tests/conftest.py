@@ -5,12 +5,14 @@ made-up answers."""
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from specbench import testing
 from specbench.decoding.contract import Draft, Drafter
@@ -41,14 +43,47 @@ def tiny():
 
 
 # Every Target implementation, by name: the lossless contract tests run over each (``each_target``).
-TARGET_KINDS = ("transformers", "reference")
+TARGET_KINDS = ("transformers", "reference", "compiled")
+def dense_state_dict(module):
+    from specbench.targets.transformers import dense_state_dict as dense
+
+    return dense(module)
+
+
+def aten_twin(loaded):
+    """``loaded`` (a tiny-random) built again with the model's own linear layers: the same seed, so the same
+    weights (the compiled regime loads a model so; oneDNN's packed layers cannot be compiled)."""
+    if loaded.weights.linear_backend_used == "aten":
+        return loaded
+    architecture = loaded.weights.architecture.get("model_type", "llama")
+    twin = _aten_tiny(architecture)
+    mine, theirs = (dense_state_dict(each.weights.module) for each in (loaded, twin))
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[key], theirs[key]) for key in mine), \
+        "tiny-random's aten twin has other weights"
+    return twin
+
+
+@functools.cache
+def _aten_tiny(architecture: str):
+    return testing.tiny_random(linear_backend="aten", architecture=architecture)
+
+
+# The compiled target's cache in the contract tests: larger than any sequence they decode, so that it never grows
+# (each growth compiles every shape again).
+COMPILED_TEST_CAPACITY = 2048
 
 
 def target_of(kind: str, loaded):
-    """A fresh Target of ``kind`` over ``loaded``'s transformers module (the reference one has no KV cache)."""
+    """A fresh Target of ``kind`` over ``loaded``'s transformers module (the reference one has no KV cache; the
+    compiled one compiles each pass shape on its first use, in torch.compile's quicker default mode)."""
+    from specbench.targets.compiled import CompiledTarget
     from specbench.targets.reference import ReferenceTarget
     from specbench.targets.transformers import TransformersTarget
 
+    if kind == "compiled":  # the same weights with the model's own linear layers, as run.regime=compiled loads them
+        target = CompiledTarget(aten_twin(loaded).weights.module, mode="default")
+        target.start(COMPILED_TEST_CAPACITY)
+        return target
     return {"transformers": TransformersTarget, "reference": ReferenceTarget}[kind](loaded.weights.module)
 
 
@@ -72,10 +107,17 @@ def over_the_reference_only_with_slow(item) -> bool:
     return kept is None or any(params.get(key) != value for key, value in kept.items())
 
 
+def over_the_compiled_target(item) -> bool:
+    """Whether ``item`` runs over the compiled Target: the slow suite's (its shapes compile on first use, several
+    seconds each; tests/test_compiled_target.py checks it in the default suite)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "compiled" in (params.get("each_target"), params.get("kind"))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if over_the_reference_only_with_slow(item):
+        if over_the_reference_only_with_slow(item) or over_the_compiled_target(item):
             item.add_marker(pytest.mark.slow)
 
 

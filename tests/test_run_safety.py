@@ -25,7 +25,7 @@ from specbench.artefacts.gguf_conversion import CHECKSUM_FILE, converted_copy_pr
 from specbench.results.console import format_summary_table
 from specbench.results.readers import read_answers, read_run_results
 from specbench.storage.run_lock import LOCK_NAME, RunLock
-from specbench.run.identity import NOT_RESULT_SETTINGS, RESULT_GROUPS, config_settings
+from specbench.run.identity import NOT_RESULT_SETTINGS, REGIME_KEYS, RESULT_GROUPS, config_settings
 from specbench.runner import run_benchmark
 
 TINY = ["model=tiny-random", "run.max_new_tokens=8", "task.tasks=[qa]", "task.limit_per_task=1", "run.warmup_runs=0"]
@@ -87,8 +87,12 @@ def test_every_key_of_every_config_is_recorded_or_listed_as_not_affecting_result
     run_node = OmegaConf.to_container(compose([]).run, resolve=True)
     judged = {f"run.{key}" for key in run_node} & set(NOT_RESULT_SETTINGS)  # verdict thresholds, not results
     used_exclusions |= judged
+    # The regime's keys are recorded off eager only (every earlier run.json ran eagerly, without them).
     assert config_settings(compose([]), None)["run"] == {key: value for key, value in run_node.items()
-                                                   if f"run.{key}" not in judged}
+                                                   if f"run.{key}" not in judged and key not in REGIME_KEYS}
+    compiled = config_settings(compose(["run.regime=compiled"]), None)["run"]
+    assert {key: compiled[key] for key in REGIME_KEYS} == {**{key: run_node[key] for key in REGIME_KEYS},
+                                                          "regime": "compiled"}
     assert used_exclusions == set(NOT_RESULT_SETTINGS)  # no stale entry
 
 

@@ -49,6 +49,9 @@ RUN_VALUES = {
     "verify_padding": (["on", True, None], "auto"),
     "draft_budget": (["yes", 1], "auto"),
     "state_warmup_turns": (["last", 2], "first"),
+    "regime": (["jit", None, True], "compiled"),
+    "compile_buckets": ([[], [2, 4], [1, 1], [1, 4, 2], [1.5], [1, True], 4, "1,2", None], [1, 3]),
+    "compile_mode": (["fast", None, 1], "default"),
 }
 
 

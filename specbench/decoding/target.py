@@ -59,6 +59,14 @@ class Target(ABC):
     vocab_size: int
     num_layers: int
     device: torch.device
+    regime: str = "eager"  # run.regime: how its passes run ("compiled": specbench.targets.compiled)
+
+    def prepare(self, longest_sequence: int, largest_pass: int, hidden_layers: list[tuple[int, ...]],
+                progress=None) -> None:
+        """Get ready, before anything is timed, for sequences of up to ``longest_sequence`` tokens verified up to
+        ``largest_pass`` tokens at a time, asking for the hidden states of each of ``hidden_layers`` (() for
+        none): a compiled target compiles its passes here (``progress``: a tqdm-like factory for the bar). An
+        eager target needs nothing."""
 
     @abstractmethod
     def start(self, capacity: int) -> None:

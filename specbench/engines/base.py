@@ -151,6 +151,12 @@ class Engine(ABC):
         device (an engine that serves it elsewhere, a target spread over devices or processes)."""
         return None
 
+    def regime(self) -> dict:
+        """How the target's passes ran (``run.regime``), for the summary header: ``{"name": "eager"}``, or the
+        compiled regime's shapes, compile times and the parts that stayed eager. An engine whose target runs
+        elsewhere says what it knows."""
+        return {"name": "eager"}
+
     @abstractmethod
     def check_fits(self, prompt: Prompt) -> None:
         """Raise ``SkipQuestion`` when ``prompt`` cannot be decoded here at all (its first turn leaves no room in

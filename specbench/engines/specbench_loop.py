@@ -5,11 +5,14 @@ calibration and drafter state are its own (``warm_up``, ``calibration``, ``draft
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from specbench.decoding.contract import Drafter
 from specbench.decoding.loop import Decoder
@@ -31,6 +34,7 @@ from specbench.run.environment import environment
 from specbench.run.instantiate import build
 from specbench.settings import RunSettings
 from specbench.storage.cache import cache_root
+from specbench.targets.choice import regime_target
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,10 @@ class SpecbenchLoop(Engine):
              processes: Processes) -> SpecbenchLoop:
         """Build the drafter and the model their config groups name, and prepare the drafter for the model."""
         drafter: Drafter = build(drafter_node)
-        model: LoadedModel = build(model_node, device=settings.device, linear_backend=settings.linear_backend)
+        # The loader builds the target of the run's regime (the compiled one in place of the transformers one).
+        regime = regime_target(model_node, settings.regime, settings.compile_buckets, settings.compile_mode)
+        model: LoadedModel = build(model_node, device=settings.device,
+                                   linear_backend=settings.resolved_linear_backend(), **regime)
         # A hub or GGUF model tells its context only once loaded; check the token counts before the drafter's
         # databases are built.
         settings.check_context(model.max_context, f"{model.name}'s context of {model.max_context} tokens")
@@ -117,7 +124,33 @@ class SpecbenchLoop(Engine):
         except TurnTooLong as reason:
             raise SkipQuestion(str(reason)) from None
 
+    def regime(self) -> dict:
+        target = self.model.target
+        if target.regime == "eager":
+            return {"name": "eager"}
+        eager_parts = ["prefill (its length differs per question)"]
+        if self.drafter.draft_weights_fingerprint() is not None:
+            eager_parts.append(f"{self.drafter_name}'s own model")
+        return {"name": target.regime, "buckets": list(target.buckets), "mode": target.mode,
+                "cache_tokens": target.capacity, "compile_s": dict(target.compile_seconds), "eager_parts": eager_parts}
+
+    def prepare_target(self, pending: list[Prompt]) -> None:
+        """Before the first decode: the target ready for the run's longest sequence and largest pass (a compiled
+        target compiles its passes here, untimed, with a progress bar)."""
+        target = self.model.target
+        if target.regime == "eager":
+            return
+        longest = min(longest_sequence(self.model, pending, self.settings.max_new_tokens), self.model.max_context)
+        layers = list(dict.fromkeys([(), tuple(self.drafter.hidden_state_layers)]))
+        target.prepare(longest + self.settings.max_draft_tokens + 1, self.settings.max_draft_tokens + 1, layers,
+                       progress=functools.partial(tqdm, file=sys.stderr, dynamic_ncols=True,
+                                                  disable=not self.processes.primary))
+        eager = self.regime()["eager_parts"]
+        log.info("run.regime=%s: the target's verification passes run compiled; eager: %s", target.regime,
+                 "; ".join(eager))
+
     def warm_up(self, pending: list[Prompt], run_dir: RunDirectory, finished: set, skip: Skip) -> list[Prompt]:
+        self.prepare_target(pending)
         saved_state = saved_drafter_state(self.drafter, run_dir, finished, self.processes)
         pending = warm_up_on_one_that_fits(self.settings, self.model, self.decoder, self.drafter,
                                            self.drafters[BASELINE], pending, run_dir.path, self.processes,
@@ -141,6 +174,22 @@ class SpecbenchLoop(Engine):
 
     def save_state(self, run_dir: RunDirectory) -> None:
         save_drafter_state(self.drafter, run_dir)
+
+
+# Tokens a chat template may add around an answer when a later turn's prompt holds it again.
+ANSWER_MARGIN = 16
+
+
+def longest_sequence(model: LoadedModel, prompts: list[Prompt], max_new_tokens: int) -> int:
+    """The most tokens any turn of ``prompts`` can hold before its answer's draft: every user turn with the
+    earlier answers at their longest (``max_new_tokens`` each, plus ANSWER_MARGIN for the template), and the
+    last answer. An estimate from above: a compiled target sizes its cache by it (a longer turn grows it)."""
+    longest = 0
+    for prompt in prompts:
+        turns = list(prompt.turns)
+        ids = model.encode_conversation(turns, [""] * (len(turns) - 1))
+        longest = max(longest, len(ids) + len(turns) * (max_new_tokens + ANSWER_MARGIN))
+    return longest
 
 
 def loaded_settings(model: LoadedModel, drafter: Drafter) -> dict:

@@ -195,6 +195,9 @@ def check_vllm_config(engine: dict, drafter: dict, run: dict) -> VllmSettings:
     vLLM runs the drafter, and the run settings that only specbench's loop honours. Returns the settings."""
     settings = VllmSettings.from_config(dict(engine))
     vllm_method(drafter)
+    if run.get("regime", "eager") != "eager":
+        raise SpecbenchError(f"run.regime={run['regime']} is a regime of specbench's own loop; engine=vllm compiles "
+                             "and captures its target in its own way: use run.regime=eager with engine=vllm")
     for key, value in LOOP_ONLY_RUN_SETTINGS.items():
         if str(run.get(key, value)) != value:
             raise SpecbenchError(f"run.{key}={run[key]} tunes specbench's own loop; engine=vllm runs vLLM's "

@@ -52,6 +52,8 @@ NOT_RESULT_SETTINGS = {
     "run.stall_min_s": "judges the timings, changes none of them (stalls inside a question)",
     "run.stall_share": "judges the timings, changes none of them (stalls inside a question)",
 }
+# run.regime and the settings only the compiled regime reads: recorded when the regime is not eager.
+REGIME_KEYS = ("regime", "compile_buckets", "compile_mode")
 # run.json's name for each config group.
 RESULT_GROUPS = {"model": "model_config", "drafter": "drafter", "run": "run", "task": "task"}
 
@@ -81,6 +83,10 @@ def config_settings(cfg: DictConfig, engine: dict | None) -> dict:
     settings["task"]["content_sha256"] = question_file_digest(cfg.task.path)
     # The model's Target is recorded only when it is not the transformers one, which every run directory written
     # before the model config named its Target ran (so those still resume, and compare equal in analysis).
+    # The regime's keys likewise only off the default: every run directory written before them ran eagerly.
+    if settings["run"].get("regime", "eager") == "eager":
+        for key in REGIME_KEYS:
+            settings["run"].pop(key, None)
     target = recorded_target(settings["model_config"].pop("target", None))
     if target is not None:
         settings["model_config"]["target"] = target

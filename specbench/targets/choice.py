@@ -24,6 +24,9 @@ from collections.abc import Callable, Mapping
 from specbench.errors import SpecbenchError
 
 DEFAULT_TARGET = "specbench.targets.transformers.TransformersTarget"
+# What run.regime=compiled builds in its place (never named by a model config: the regime is a run setting, shown in
+# the method's name).
+COMPILED_TARGET = "specbench.targets.compiled.CompiledTarget"
 # The Target implementations specbench has, named in a refusal as the valid choices.
 KNOWN_TARGETS = (DEFAULT_TARGET, "specbench.targets.reference.ReferenceTarget")
 # The node every model config carries: what a run.json without model_config.target ran (see recorded_target).
@@ -146,3 +149,21 @@ def recorded_target(node) -> dict | None:
     which every run directory written before the model config named its Target ran, so those still resume and
     compare equal; the node itself for any other."""
     return None if node is None or dict(node) == DEFAULT_NODE else dict(node)
+
+
+def regime_target(node, regime: str, buckets, mode: str) -> dict:
+    """What the loader is given besides the model config to build the target of ``regime`` (``run.regime``): nothing
+    for eager (the model config's own ``model.target``); for compiled, the compiled target with its settings, which
+    needs the model config's target to be the transformers one it compiles. A model config naming the compiled
+    target itself is refused, since its results would then be shown as eager ones."""
+    target = None if node is None else node.get("target")
+    named = target.get("_target_") if isinstance(target, Mapping) else None
+    if named == COMPILED_TARGET:
+        raise SpecbenchError(f"model.target._target_={COMPILED_TARGET} is chosen by run.regime=compiled, which also "
+                             "names the results (method@compiled); leave model.target as conf/model has it")
+    if regime == "eager":
+        return {}
+    if recorded_target(target) is not None:
+        raise SpecbenchError(f"run.regime=compiled compiles the transformers target, but model.target names "
+                             f"{named or target!r}; choose one of the two")
+    return {"target": {"_target_": COMPILED_TARGET, "_partial_": True, "buckets": list(buckets), "mode": mode}}

@@ -1,0 +1,309 @@
+"""The compiled regime (``run.regime=compiled``): the same transformers model, its verification passes compiled by
+``torch.compile`` (inductor) once per shape, over a KV cache that never moves (``static_cache.StaticTreeCache``).
+
+Why: run eagerly, a pass of a small model is one Python call per kernel, and the cost of verifying q tokens
+against one, t(q)/t(1), is then the interpreter's and the kernel library's (on a 2-core CPU, 2 tokens cost 1.45x
+one where the weights are read once either way). Compiled, a pass is a few fused C++ loops and matrix products
+whose weights inductor packed once (freezing), so the curve is much closer to the machine's.
+
+How, so that nothing is compiled while a question is timed:
+
+- shapes: a pass of q tokens runs at the smallest of ``buckets`` that holds it (one compiled shape each); the
+  extra rows are padding that nothing attends to and whose outputs are dropped, as ``run.verify_padding`` pads;
+- the cache: sized once (``prepare``: the run's longest sequence plus the largest bucket, rounded up to
+  CAPACITY_STEP tokens); a pass writes at positions held in a device tensor and attends over the whole buffer
+  through a mask built inside the graph, so no position, length or address is a constant of the graph;
+- every bucket is compiled in ``prepare`` (the untimed warm-up, with a progress bar), and from then on a pass
+  that would compile again is refused (``torch.compiler.set_stance("fail_on_recompile")``): a timed pass
+  never hides a compile, and never falls back to eager;
+- the prompt's prefill runs eagerly (its length varies per question), on the same cache, as does a pass of
+  more tokens than the largest bucket holds (refused: ``check``).
+
+inductor keeps what it compiled in ``$SPECBENCH_CACHE/compiled/inductor`` (unless TORCHINDUCTOR_CACHE_DIR says
+otherwise), so a second run reads its kernels instead of compiling them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from specbench.decoding.target import TargetChoices, VerifyInputs
+from specbench.errors import SpecbenchError
+from specbench.settings import COMPILE_BUCKETS, COMPILE_MODES, check_compile_buckets
+from specbench.targets.kernels import OneDNNLinear
+from specbench.targets.static_cache import StaticTreeCache
+from specbench.targets.transformers import TransformersTarget, forward_with_cache
+
+log = logging.getLogger(__name__)
+
+CAPACITY_STEP = 256  # the cache's capacity is a multiple of it: a few sizes, each compiled once and cached
+REGIME = "compiled"
+
+
+class CompileFailed(SpecbenchError):
+    """torch.compile could not compile the target's pass, or a pass needed a compile after the warm-up."""
+
+
+def bucket_for(size: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds ``size`` tokens; a SpecbenchError when none does."""
+    for bucket in buckets:
+        if bucket >= size:
+            return bucket
+    raise SpecbenchError(f"a pass of {size} tokens is larger than the largest compiled shape ({buckets[-1]}); "
+                         f"add a larger bucket to run.compile_buckets or lower run.max_draft_tokens")
+
+
+def round_up(count: int, step: int = CAPACITY_STEP) -> int:
+    return -(-int(count) // step) * step
+
+
+def padded_inputs(inputs: VerifyInputs, bucket: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``inputs`` padded to ``bucket`` tokens: pad tokens 0 at the last node's position, each seeing only itself
+    (and the cached prefix, as every row does), and seen by no real node, so the real nodes' outputs are those of
+    the unpadded pass."""
+    size = inputs.tokens.size
+    tokens = np.zeros(bucket, dtype=np.int64)
+    tokens[:size] = inputs.tokens
+    positions = np.full(bucket, inputs.positions[size - 1], dtype=np.int64)
+    positions[:size] = inputs.positions
+    visible = np.eye(bucket, dtype=bool)
+    visible[:size, :size] = inputs.visible
+    return tokens, positions, visible
+
+
+class CompiledTarget(TransformersTarget):
+    """A transformers causal LM whose verification passes run compiled (see the module's docstring).
+
+    buckets: the pass sizes compiled, ascending, 1 first (``run.compile_buckets``).
+    mode:    torch.compile's mode (``run.compile_mode``): ``max-autotune-no-cudagraphs`` lets inductor time its
+             C++ matrix-product templates against the library's for each shape and keep the faster (on a 2-core CPU
+             a one-row product streams the weights about twice as fast so); ``default`` compiles in about half the
+             time without that choice.
+    """
+
+    regime = REGIME
+
+    def __init__(self, model: torch.nn.Module, buckets=tuple(COMPILE_BUCKETS), mode: str = "max-autotune-no-cudagraphs"):
+        super().__init__(model)
+        self.buckets = check_compile_buckets(buckets)
+        if mode not in COMPILE_MODES:
+            raise SpecbenchError(f"run.compile_mode={mode!r} is not known; choose one of {', '.join(COMPILE_MODES)}")
+        if len(self.devices) > 1 or self.device.type != "cpu":
+            where = ", ".join(map(str, self.devices))
+            raise SpecbenchError(f"run.regime=compiled runs a target on one CPU so far, not on {where} (CUDA graphs "
+                                 "per bucket are not built yet); run.regime=eager runs it there")
+        if any(isinstance(module, OneDNNLinear) for module in model.modules()):
+            raise SpecbenchError("run.regime=compiled needs the model's own linear layers (run.linear_backend=auto "
+                                 "or aten): torch.compile cannot trace oneDNN's packed ones, and packs the weights "
+                                 "itself")
+        self.mode = mode
+        self.compile_seconds: dict[str, float] = {}  # per compiled shape, for the run's record
+        self._passes: dict[tuple[int, ...], Callable] = {}  # per hidden-state layers: the compiled pass
+        self._eager_passes: dict[tuple[int, ...], Callable] = {}
+        self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (bucket, layers) compiled over this cache
+        self._frozen = False  # after prepare: a pass that would compile is refused
+        self._static: StaticTreeCache | None = None
+        _configure_compiler()
+
+    # ---- the sequence --------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._static is None else self._static.capacity
+
+    def prepare(self, longest_sequence: int, largest_pass: int, hidden_layers: list[tuple[int, ...]],
+                progress=None) -> None:
+        """Size the cache for ``longest_sequence`` tokens and compile every bucket up to the one of
+        ``largest_pass`` tokens, for each of ``hidden_layers`` (the layer sets the run's decodes ask for, () for
+        none); from then on a pass that would compile is refused. ``progress``: a tqdm-like factory."""
+        largest = bucket_for(largest_pass, self.buckets)
+        self.buckets = tuple(bucket for bucket in self.buckets if bucket <= largest)
+        self._ensure_capacity(longest_sequence)
+        shapes = [(bucket, tuple(layers)) for layers in dict.fromkeys(map(tuple, hidden_layers))
+                  for bucket in self.buckets]
+        log.info("run.regime=compiled: compiling %d pass shapes (%s tokens) for a cache of %d tokens: on 2 CPU cores "
+                 "about a minute each the first time (%s mode), seconds once %s holds them", len(shapes),
+                 ",".join(map(str, self.buckets)), self.capacity, self.mode, os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        self._compile(shapes, progress)
+        self._frozen = True
+
+    def start(self, capacity: int) -> None:
+        self.release()
+        self._ensure_capacity(capacity)
+
+    def release(self) -> None:
+        # The buffers stay (their addresses are the compiled graphs'); what they hold is masked out from now on.
+        if self._static is not None:
+            self._static.set_length(0)
+        self._cache = self._static
+        self._hidden = None
+
+    def _ensure_capacity(self, tokens: int) -> None:
+        """A cache of at least ``tokens`` plus the largest bucket; a larger one than the last means new shapes,
+        compiled here, before the sequence's clock starts."""
+        needed = tokens + self.buckets[-1]
+        if self._static is not None and needed <= self._static.capacity:
+            return
+        shapes = sorted(self._shapes)
+        if self._static is not None:
+            log.warning("the compiled target's cache of %d tokens is too small for a sequence of %d; it grows to %d "
+                        "and its %d pass shape(s) compile again (untimed)", self._static.capacity, tokens,
+                        round_up(needed), len(shapes))
+        # Plain tensors, not inference-mode ones (which nothing outside inference mode may write): the buffers
+        # outlive whichever mode this was called in.
+        with torch.inference_mode(False), torch.no_grad():
+            self._static = StaticTreeCache(self.num_layers, round_up(needed), self.input_device)
+            self._cache = self._static
+            self._passes.clear()
+            self._eager_passes.clear()
+            self._shapes.clear()
+            self._eager_pass(())(*self._tensors(np.zeros(1, np.int64), np.zeros(1, np.int64),
+                                                np.ones((1, 1), bool)))  # allocates every layer's buffers
+            self._static.set_length(0)
+        if shapes:
+            frozen, self._frozen = self._frozen, False
+            self._compile(shapes, None)
+            self._frozen = frozen
+
+    # ---- forward passes ------------------------------------------------------------------------------
+
+    def prefill(self, prompt_ids: np.ndarray, every_position: bool, top_k: int) -> TargetChoices:
+        size = prompt_ids.size
+        start = self.length
+        visible = np.tril(np.ones((size, size), dtype=bool))
+        logits, hidden = self._eager_pass(self._hidden_layers)(
+            *self._tensors(prompt_ids, np.arange(start, start + size), visible),
+            logits_to_keep=0 if every_position else 1)
+        self._static.set_length(start + size)
+        self._hidden = hidden
+        return self._choices(logits, top_k)
+
+    def verify(self, inputs: VerifyInputs, n_nodes: int, top_k: int) -> TargetChoices:
+        size = inputs.tokens.size
+        bucket = bucket_for(size, self.buckets)
+        if inputs.start + bucket > self.capacity:
+            raise SpecbenchError(f"a pass at position {inputs.start} of {bucket} tokens overruns the compiled "
+                                 f"target's cache of {self.capacity}: start() was asked for too little")
+        self._static.set_length(inputs.start)
+        tensors = self._tensors(*padded_inputs(inputs, bucket))
+        logits, hidden = self._run(bucket, self._hidden_layers, tensors)
+        self._static.set_length(inputs.start + size)
+        self._hidden = None if hidden is None else hidden[:, :size]
+        return self._choices(logits[:n_nodes], top_k)
+
+    def _tensors(self, tokens: np.ndarray, positions: np.ndarray, visible: np.ndarray):
+        return (self._upload_to(np.asarray(tokens, np.int64), self.input_device, "tokens").unsqueeze(0),
+                self._upload_to(np.asarray(positions, np.int64), self.input_device, "positions").unsqueeze(0),
+                self._upload_to(np.asarray(visible, bool), self.input_device, "visible"))
+
+    def _run(self, bucket: int, layers: tuple[int, ...], tensors):
+        compiled = self._compiled_pass(layers)
+        if not self._frozen:
+            self._shapes.add((bucket, layers))
+            return _compiling(lambda: compiled(*tensors), self.model)
+        if (bucket, layers) not in self._shapes:
+            raise CompileFailed(f"a pass of {bucket} tokens{_with_layers(layers)} was not compiled in the warm-up; "
+                                "please report it")
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return compiled(*tensors)
+        except RuntimeError as error:
+            if "recompile" not in str(error).lower():
+                raise
+            raise CompileFailed(f"a pass of {bucket} tokens{_with_layers(layers)} needed a new compile after the "
+                                f"warm-up ({_first_line(error)}); a compiled run never times a compile: please "
+                                "report it") from None
+
+    def _compile(self, shapes: list[tuple[int, tuple[int, ...]]], progress) -> None:
+        """One dummy pass per (bucket, layers) shape, over position 1 of the cache, which compiles it."""
+        bar = progress(shapes, desc="compiling the target's passes", unit="shape") if progress else shapes
+        with torch.inference_mode():
+            for bucket, layers in bar:
+                began = time.perf_counter()
+                self._static.set_length(1)
+                inputs = VerifyInputs(tokens=np.zeros(bucket, np.int64), positions=np.arange(1, bucket + 1),
+                                      visible=np.tril(np.ones((bucket, bucket), dtype=bool)), start=1)
+                self._run(bucket, layers, self._tensors(*padded_inputs(inputs, bucket)))
+                self.compile_seconds[f"{bucket}{_with_layers(layers)}"] = round(time.perf_counter() - began, 2)
+            self._static.set_length(0)
+
+    def _compiled_pass(self, layers: tuple[int, ...]) -> Callable:
+        if layers not in self._passes:
+            self._passes[layers] = torch.compile(self._eager_pass(layers), dynamic=False, fullgraph=True,
+                                                 mode=None if self.mode == "default" else self.mode)
+        return self._passes[layers]
+
+    def _eager_pass(self, layers: tuple[int, ...]) -> Callable:
+        """The pass as a function of (tokens [1, q], positions [1, q], visible [q, q]): the [q, capacity] mask
+        built from the cache's write position inside it, so that no position is a constant of a compiled graph."""
+        if layers in self._eager_passes:
+            return self._eager_passes[layers]
+        model, cache, keyword = self.model, self._static, self._keyword
+        columns = torch.arange(cache.capacity, device=self.input_device)
+
+        def target_pass(input_ids, position_ids, visible, logits_to_keep: int = 0):
+            size = input_ids.shape[1]
+            slots = cache.write_at + torch.arange(size, device=input_ids.device)
+            mask = (columns < cache.write_at).unsqueeze(0).expand(size, -1).clone()
+            mask.index_copy_(1, slots, visible)
+            output = forward_with_cache(model, cache, keyword, input_ids=input_ids, position_ids=position_ids,
+                                        attention_mask=mask[None, None], logits_to_keep=logits_to_keep,
+                                        output_hidden_states=bool(layers))
+            hidden = torch.stack([output.hidden_states[layer][0] for layer in layers]) if layers else None
+            return output.logits[0], hidden
+
+        self._eager_passes[layers] = target_pass
+        return target_pass
+
+
+def _configure_compiler() -> None:
+    """inductor and dynamo as the compiled regime needs them, for the whole process (they are process-wide):
+    weights folded into the graphs (freezing: packed once for the CPU's matrix products); enough recompiles of
+    the one pass function for every bucket, and an error past them rather than dynamo's quiet eager fallback; the
+    compiled kernels cached under specbench's cache unless TORCHINDUCTOR_CACHE_DIR names another place."""
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from specbench.storage.cache import cache_root
+
+    inductor_config.freezing = True
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    dynamo_config.fail_on_recompile_limit_hit = True
+    # inductor writes its default into the variable once it has looked: that one is not the user's choice.
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", os.path.abspath(default_cache_dir())):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir(cache_root(None)))
+
+
+def compile_cache_dir(root) -> os.PathLike:
+    """Where inductor keeps the compiled regime's kernels under specbench's cache ``root``."""
+    return root / "compiled" / "inductor"
+
+
+def _compiling(call: Callable, model: torch.nn.Module):
+    """``call()``, where torch.compile's own failures (a graph break, an operation inductor cannot lower, a
+    compiler error) become one line naming the model and the cause."""
+    import torch._dynamo.exc as dynamo_errors
+
+    try:
+        return call()
+    except (dynamo_errors.Unsupported, dynamo_errors.BackendCompilerFailed, dynamo_errors.TorchRuntimeError,
+            dynamo_errors.InternalTorchDynamoError, dynamo_errors.FailOnRecompileLimitHit) as error:
+        name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        raise CompileFailed(f"run.regime=compiled: torch.compile cannot compile {name}'s pass "
+                            f"({type(error).__name__}: {_first_line(error)}); run.regime=eager runs it") from None
+
+
+def _with_layers(layers: tuple[int, ...]) -> str:
+    return f" with the hidden states of layers {','.join(map(str, layers))}" if layers else ""
+
+
+def _first_line(error: BaseException) -> str:
+    text = " ".join(str(error).split("\n", 1)[0].split())
+    return text[:300] or type(error).__name__

@@ -1,0 +1,219 @@
+"""The compiled regime (run.regime=compiled, specbench/targets/compiled.py) in the default suite: one target over
+tiny-random, compiled once for the module in torch.compile's default mode, decodes exactly as plain greedy
+decoding with a chain and a tree that must be compacted; nothing compiles after ``prepare``, and what cannot be
+compiled or was not is one line. Every lossless contract test also runs over the compiled target with -m slow
+(conftest.TARGET_KINDS). The settings and names of the regime are checked here too."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from conftest import aten_twin, refusal, warnings_of
+from test_contract import TreeOracle
+
+from specbench.decoding.loop import Decoder
+from specbench.decoding.target import VerifyInputs
+from specbench.drafters.ar import NoDraft
+from specbench.errors import SpecbenchError
+from specbench.settings import RunSettings, method_name
+from specbench.targets.choice import COMPILED_TARGET, DEFAULT_NODE, regime_target
+from specbench.targets.compiled import CompileFailed, CompiledTarget, bucket_for, padded_inputs
+from specbench.testing import configured_drafter, greedy_reference
+
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny):
+    target = CompiledTarget(aten_twin(tiny).weights.module, buckets=BUCKETS, mode="default")
+    with torch.inference_mode():
+        target.prepare(longest_sequence=200, largest_pass=16, hidden_layers=[()])
+    return target
+
+
+def test_a_prepared_target_decodes_exactly_as_greedy_decoding_with_a_chain_and_a_tree(compiled, tiny, prompt_ids):
+    decoder = Decoder(compiled, tiny.eos_token_ids, max_draft_tokens=15)
+    pld = configured_drafter("pld", tiny)
+    for ids in prompt_ids:
+        expected = greedy_reference(tiny.weights.module, ids, 33)
+        assert decoder.generate(ids, NoDraft(), 33).token_ids[:len(expected)] == expected
+        assert decoder.generate(ids, pld, 33).token_ids[:len(expected)] == expected
+        tree = Decoder(compiled, frozenset(), 15).generate(ids, TreeOracle(expected, 4), 33)  # keep() moves entries
+        assert tree.token_ids == expected
+        assert [s.accepted_tokens for s in tree.steps[1:]] == [5] * 6 + [2]
+    assert set(compiled.compile_seconds) == {"1", "2", "4", "8", "16"}
+    assert compiled.length == 0  # released after each decode
+
+
+def test_after_prepare_a_pass_that_would_compile_is_one_line_never_an_eager_fallback(compiled, prompt_ids):
+    ids = np.asarray(prompt_ids[0], dtype=np.int64)
+    inputs = VerifyInputs(tokens=ids[:3], positions=np.arange(ids.size, ids.size + 3),
+                          visible=np.tril(np.ones((3, 3), dtype=bool)), start=ids.size)
+    with torch.inference_mode():
+        compiled.start(ids.size + 8)
+        compiled.prefill(ids, False, 2)
+        compiled.request_hidden_states((1,))  # a shape the warm-up did not compile
+        message = refusal(compiled.verify, inputs, 3, 2)
+        compiled.request_hidden_states(())
+    assert "was not compiled in the warm-up" in message
+    # Outside inference mode dynamo's guards fail: the pass would compile again, which a compiled run refuses.
+    compiled.start(ids.size + 8)
+    with torch.no_grad():
+        compiled.prefill(ids, False, 2)
+        message = refusal(compiled.verify, inputs, 3, 2)
+    compiled.release()
+    assert "needed a new compile after the warm-up" in message and "never times a compile" in message
+
+
+def test_a_sequence_longer_than_the_cache_grows_it_before_its_clock_starts(tiny, prompt_ids, caplog):
+    target = CompiledTarget(aten_twin(tiny).weights.module, buckets=(1, 2), mode="default")
+    ids = prompt_ids[1]
+    expected = greedy_reference(tiny.weights.module, ids, 12)
+    with torch.inference_mode():
+        target.prepare(longest_sequence=20, largest_pass=2, hidden_layers=[()])
+    small = target.capacity
+    assert small == 256
+    with caplog.at_level(logging.WARNING):
+        tokens = Decoder(target, frozenset(), 1).generate(ids, NoDraft(), 300).token_ids  # ids + 300 > 256
+    assert target.capacity == 512
+    assert tokens[:12] == expected
+    assert any("too small for a sequence" in line and "compile again (untimed)" in line
+               for line in warnings_of(caplog))
+
+
+def test_a_model_torch_compile_cannot_compile_is_one_line_naming_the_cause(monkeypatch):
+    from specbench.testing import tiny_random
+
+    model = tiny_random(linear_backend="aten")
+    module = model.weights.module
+    norm = module.model.norm
+    original = norm.forward
+
+    def with_a_graph_break(hidden):
+        print(end="")  # a side effect dynamo cannot put in a graph
+        return original(hidden)
+
+    monkeypatch.setattr(norm, "forward", with_a_graph_break)
+    target = CompiledTarget(module, buckets=(1,), mode="default")
+    with torch.inference_mode(), pytest.raises(CompileFailed) as failure:
+        target.prepare(longest_sequence=8, largest_pass=1, hidden_layers=[()])
+    message = str(failure.value)
+    assert "\n" not in message and "torch.compile cannot compile" in message
+    assert "run.regime=eager runs it" in message and "Unsupported" in message
+
+
+def test_the_compiled_target_refuses_what_it_cannot_run(tiny):
+    assert "oneDNN" in refusal(CompiledTarget, tiny.weights.module)  # tiny's default linear layers are oneDNN's
+    module = aten_twin(tiny).weights.module
+    assert "run.compile_buckets must be ascending" in refusal(CompiledTarget, module, buckets=(2, 4))
+    assert "run.compile_mode='fast' is not known" in refusal(CompiledTarget, module, mode="fast")
+    assert "larger than the largest compiled shape (16)" in refusal(bucket_for, 17, BUCKETS)
+
+
+def test_padding_to_a_bucket_leaves_the_real_nodes_as_they_were():
+    visible = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool)  # a root with two children
+    inputs = VerifyInputs(tokens=np.array([7, 8, 9]), positions=np.array([10, 11, 11]), visible=visible, start=10)
+    tokens, positions, padded = padded_inputs(inputs, 4)
+    assert tokens.tolist() == [7, 8, 9, 0] and positions.tolist() == [10, 11, 11, 11]
+    assert (padded[:3, :3] == visible).all() and not padded[:3, 3].any()  # no real node sees the pad
+    assert padded[3].tolist() == [False, False, False, True]  # the pad sees itself only
+    assert [bucket_for(size, BUCKETS) for size in (1, 2, 3, 5, 16)] == [1, 2, 4, 8, 16]
+
+
+# ---- the regime's settings, names and identity ---------------------------------------------------------------
+
+
+def test_the_regime_settings_are_checked_in_one_line():
+    def settings_refusal(**values):
+        with pytest.raises(SpecbenchError) as error:
+            RunSettings(**values).check()
+        return str(error.value)
+
+    assert settings_refusal(regime="jit") == "run.regime must be eager or compiled, got 'jit'"
+    assert "run.compile_mode" in settings_refusal(compile_mode="fastest")
+    assert "run.compile_buckets must be" in settings_refusal(compile_buckets=[4, 2])
+    assert "add a bucket of at least 81" in settings_refusal(regime="compiled", compile_buckets=[1, 2, 4])
+    assert "run.linear_backend=onednn cannot run under run.regime=compiled" in settings_refusal(
+        regime="compiled", linear_backend="onednn")
+    RunSettings(regime="compiled", compile_buckets=[1, 2, 4], max_draft_tokens=3).check()  # a short draft fits
+    # The buckets are checked in the eager regime too, so a sweep that switches regimes fails before its first job.
+    assert "run.compile_buckets" in settings_refusal(compile_buckets=[])
+
+
+def test_the_method_of_a_compiled_run_is_named_apart_and_auto_kernels_are_the_models_own():
+    assert method_name("pld", regime="compiled") == "pld@compiled"
+    assert method_name("hybrid", draft_budget="auto", regime="compiled") == "hybrid+budget@compiled"
+    assert method_name("pld") == "pld"
+    assert RunSettings(regime="compiled", max_draft_tokens=3).method_name("pld") == "pld@compiled"
+    assert RunSettings(regime="compiled").resolved_linear_backend() == "aten"
+    assert RunSettings().resolved_linear_backend() == "auto"
+
+
+def test_the_loader_is_given_the_compiled_target_only_in_the_compiled_regime():
+    node = {"name": "tiny-random", "target": dict(DEFAULT_NODE)}
+    assert regime_target(node, "eager", [1, 2], "default") == {}
+    assert regime_target(node, "compiled", [1, 2], "default") == {"target": {
+        "_target_": COMPILED_TARGET, "_partial_": True, "buckets": [1, 2], "mode": "default"}}
+    reference = {"name": "x", "target": {"_target_": "specbench.targets.reference.ReferenceTarget", "_partial_": True}}
+    assert "choose one of the two" in refusal(regime_target, reference, "compiled", [1], "default")
+    named = {"name": "x", "target": {"_target_": COMPILED_TARGET, "_partial_": True}}
+    assert "chosen by run.regime=compiled" in refusal(regime_target, named, "eager", [1], "default")
+
+
+def test_engine_vllm_refuses_the_compiled_regime():
+    from test_vllm_methods import groups
+
+    from specbench.engines.vllm_methods import check_vllm_config
+
+    message = refusal(check_vllm_config, *groups("engine=vllm", "drafter=pld", "run.regime=compiled"))
+    assert "run.regime=compiled" in message and "use run.regime=eager with engine=vllm" in message
+
+
+def test_run_json_records_the_regime_only_off_eager_and_a_resume_in_another_regime_is_refused(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from specbench.config import CONF_DIR
+    from specbench.results.resumable import resume_refusal
+    from specbench.run.identity import config_settings
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        eager = config_settings(compose("config", ["model=tiny-random"]), None)
+        compiled = config_settings(compose("config", ["model=tiny-random", "run.regime=compiled"]), None)
+    assert not {"regime", "compile_buckets", "compile_mode"} & set(eager["run"])  # as every earlier run.json
+    assert compiled["run"]["regime"] == "compiled" and compiled["run"]["compile_buckets"][-1] == 128
+    message = str(resume_refusal(tmp_path, compiled, eager))
+    assert "run.regime: 'compiled' -> None" in message and "\n" not in message
+
+
+COMPILED_RUN = ["model=tiny-random", "drafter=pld", "task.tasks=[qa]", "task.limit_per_task=2", "run.max_new_tokens=24",
+                "run.regime=compiled", "run.max_draft_tokens=3", "run.compile_buckets=[1,2,4]",
+                "run.compile_mode=default"]
+
+
+@pytest.mark.slow  # compiles three shapes from a cold cache (about 30 s on 2 cores)
+def test_a_compiled_run_is_paired_lossless_named_apart_and_not_resumed_eagerly(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def cli(*overrides):
+        return subprocess.run([sys.executable, "-m", "specbench", f"hydra.run.dir={tmp_path}", *overrides],
+                              capture_output=True, text=True, timeout=600)
+
+    result = cli(*COMPILED_RUN)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["method"] == "pld@compiled" and "tiny-random / pld@compiled" in result.stdout
+    assert summary["regime"]["name"] == "compiled" and summary["regime"]["buckets"] == [1, 2, 4]
+    assert set(summary["regime"]["compile_s"]) == {"1", "2", "4"}
+    assert summary["regime"]["eager_parts"] == ["prefill (its length differs per question)"]
+    overall = summary["tasks"]["overall"]
+    assert overall["identical_to_baseline"] == overall["questions"] == 2  # its AR decoded compiled too
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["run"]["regime"] == "compiled"
+    eager = cli(*[item for item in COMPILED_RUN if not item.startswith("run.regime")], "task.limit_per_task=3")
+    assert eager.returncode == 2 and "run.regime: 'compiled' -> None" in eager.stderr
+    assert len(eager.stderr.strip().splitlines()) == 1, eager.stderr
