@@ -40,7 +40,7 @@ from specbench.decoding.budget import interpolate_latency
 from specbench.errors import SpecbenchError
 from specbench.measure.metrics import accepted_per_decoding_step
 from specbench.results.readers import read_json_file
-from specbench.run.identity import PLACEMENT_KEYS
+from specbench.run.identity import PLACEMENT_KEYS, REGIME_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ HARDWARE_KEYS = ("device", "dtype", "threads")  # with the model: which runs sha
 # table is per verified-token count, and the context term covers the contexts.
 LATENCY_KEYS = ("model_source", "weights_fingerprint", "environment.device_name", "environment.torch",
                 "environment.transformers", "run.linear_backend", "run.target_top_k", "run.mismatch_top_k",
-                "run.temperature", "run.top_p", *PLACEMENT_KEYS)
+                "run.temperature", "run.top_p", *PLACEMENT_KEYS, *(f"run.{key}" for key in REGIME_KEYS))
 LATENCY_PREFIXES = ("model_config.",)
 TABLE_COLUMNS = ["model", "label", "timing", "run_dir", *HARDWARE_KEYS, "steps", "tokens_per_step", "draft_ms",
                  "verify_ms", "overhead_ms", "measured_tps",
@@ -78,9 +78,10 @@ def read_run_facts(run_dir) -> dict:
     if (path / "summary.json").is_file():  # schema 2 recorded the software and the device's name there
         environment = read_summary(path).get("environment")
     flat = flat_settings(settings, environment if isinstance(environment, dict) else None)
-    return {**{key: settings.get(key) for key in HARDWARE_KEYS},
-            "latency_settings": {key: value for key, value in flat.items()
-                                 if key in LATENCY_KEYS or key.startswith(LATENCY_PREFIXES)},
+    latency = {key: value for key, value in flat.items() if key in LATENCY_KEYS or key.startswith(LATENCY_PREFIXES)}
+    if settings:  # run.json records run.regime off eager only: a run without it ran eagerly, and never shares a
+        latency.setdefault("run.regime", "eager")  # table with a compiled one
+    return {**{key: settings.get(key) for key in HARDWARE_KEYS}, "latency_settings": latency,
             "calibration": read_calibration(path / "verify_latency.json")}
 
 

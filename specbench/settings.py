@@ -70,7 +70,7 @@ class RunSettings:
     seed: int = 0
     regime: str = "eager"
     compile_buckets: list[int] = field(default_factory=lambda: list(COMPILE_BUCKETS))
-    compile_mode: str = "max-autotune-no-cudagraphs"
+    compile_mode: str = "default"
 
     @staticmethod
     def from_config(node: DictConfig | dict) -> RunSettings:

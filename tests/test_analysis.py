@@ -164,10 +164,13 @@ SINGLE = {"processes": 1, "placement": "single", "devices": "cpu", "linear_backe
 
 
 @pytest.mark.parametrize("key, other", [("processes", 2), ("placement", "tensor_parallel"), ("devices", "cuda:0,cuda:1"),
-                                        ("linear_backend_used", "onednn")])
+                                        ("linear_backend_used", "onednn"),
+                                        # a compiled run (run.json records the regime off eager only)
+                                        ("run", {"regime": "compiled", "compile_buckets": [1, 2, 4]})])
 def test_leave_one_out_keeps_runs_placed_otherwise_apart(tmp_path, key, other):
     """Runs of one model, device, dtype and threads placed otherwise (another process count, placement, set of
-    devices or linear kernel: specbench.run.identity's PLACEMENT_KEYS) time their passes otherwise, so neither is
+    devices or linear kernel: specbench.run.identity's PLACEMENT_KEYS) or in another regime (run.regime) time their
+    passes otherwise, so neither is
     in the other's leave-one-out table. a and b are placed alike (b 20% slower); c, placed otherwise, is twice as
     slow: with c, a's table would be 96 ms, not b's 72."""
     synthetic_run(tmp_path / "a", "pld", accepted=2, verify_tokens=(3,), noise=0, settings=SINGLE)

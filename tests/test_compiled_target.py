@@ -217,3 +217,28 @@ def test_a_compiled_run_is_paired_lossless_named_apart_and_not_resumed_eagerly(t
     eager = cli(*[item for item in COMPILED_RUN if not item.startswith("run.regime")], "task.limit_per_task=3")
     assert eager.returncode == 2 and "run.regime: 'compiled' -> None" in eager.stderr
     assert len(eager.stderr.strip().splitlines()) == 1, eager.stderr
+
+
+@pytest.mark.slow  # 2,000 sampled decodes per drafter, and the buckets a tree reaches compiled first
+@pytest.mark.parametrize("name", ["pld", "recycling"])
+def test_sampling_through_the_compiled_target_keeps_the_target_distribution(name):
+    """The sampling check of tests/test_sampling.py (a chain and a static tree) over the compiled target."""
+    from test_sampling import (JOINT_BOUND, MARGINAL_BOUND, PROMPT, SAMPLING, distributions, exact_distribution, make,
+                               sample_sequences, total_variation, LENGTH)
+
+    from specbench.config import compose
+    from specbench.run.instantiate import build
+
+    small = build(compose(["model=tiny-random", "model.alphabet=abcd", "model.initializer_range=0.1"]).model,
+                  device="cpu", linear_backend="aten")
+    target = CompiledTarget(small.weights.module, mode="default")
+    target.start(512)
+    prompt_ids = small.encode_conversation([PROMPT], [])
+    exact_marginal, exact_joint = distributions(exact_distribution(small.weights.module, prompt_ids,
+                                                                   small.tokenizer.eos_token_id, LENGTH))
+    decoder = Decoder(target, small.eos_token_ids, 64, sampling=SAMPLING)
+    empirical, drafted = sample_sequences(decoder, make(name, small), prompt_ids)
+    marginal, joint = distributions(empirical)
+    assert max(total_variation(m, e) for m, e in zip(marginal, exact_marginal)) < MARGINAL_BOUND
+    assert total_variation(joint, exact_joint) < JOINT_BOUND
+    assert drafted > 0

@@ -3,8 +3,8 @@
 
 Why: run eagerly, a pass of a small model is one Python call per kernel, and the cost of verifying q tokens
 against one, t(q)/t(1), is then the interpreter's and the kernel library's (on a 2-core CPU, 2 tokens cost 1.45x
-one where the weights are read once either way). Compiled, a pass is a few fused C++ loops and matrix products
-whose weights inductor packed once (freezing), so the curve is much closer to the machine's.
+one where the weights are read once either way). Compiled, a pass is a few fused C++ loops between the matrix
+products, so the curve is much closer to the machine's.
 
 How, so that nothing is compiled while a question is timed:
 
@@ -13,6 +13,9 @@ How, so that nothing is compiled while a question is timed:
 - the cache: sized once (``prepare``: the run's longest sequence plus the largest bucket, rounded up to
   CAPACITY_STEP tokens); a pass writes at positions held in a device tensor and attends over the whole buffer
   through a mask built inside the graph, so no position, length or address is a constant of the graph;
+- attention: for a grouped-query model (SmolLM2, Llama-3, Qwen) the query heads that share a key/value head are
+  folded into rows of one attention (``folded_gqa_attention``) instead of transformers' copy of the keys and values
+  for every query head, which its SDPA path makes whenever a mask is given (and, compiled, even for one token);
 - every bucket is compiled in ``prepare`` (the untimed warm-up, with a progress bar), and from then on a pass
   that would compile again is refused (``torch.compiler.set_stance("fail_on_recompile")``): a timed pass
   never hides a compile, and never falls back to eager;
@@ -20,11 +23,15 @@ How, so that nothing is compiled while a question is timed:
   more tokens than the largest bucket holds (refused: ``check``).
 
 inductor keeps what it compiled in ``$SPECBENCH_CACHE/compiled/inductor`` (unless TORCHINDUCTOR_CACHE_DIR says
-otherwise), so a second run reads its kernels instead of compiling them.
+otherwise), so a second run reads its graphs instead of compiling them. The weights are not frozen into the graphs:
+on a 2-core Xeon (2026-12-05) freezing with oneDNN's weight packing and the C++ GEMM templates gave no faster pass
+(the embedded model's one-token pass 24.2 ms frozen and autotuned, 22.9 ms neither), and a frozen graph holds
+oneDNN tensors that inductor cannot cache, so every run compiled every shape again (45 s each).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -44,6 +51,29 @@ log = logging.getLogger(__name__)
 
 CAPACITY_STEP = 256  # the cache's capacity is a multiple of it: a few sizes, each compiled once and cached
 REGIME = "compiled"
+
+
+FOLDED_ATTENTION = "specbench_folded_gqa"  # the name the compiled passes' attention is registered under
+
+
+def folded_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                         **kwargs):
+    """SDPA for a grouped-query layer without copying its keys and values: the ``groups`` query heads that share
+    a key/value head become ``groups`` times as many query rows of that head (the mask's rows repeated to match),
+    the same products in another order. transformers' ``sdpa_attention_forward`` instead repeats the keys and values
+    for every query head whenever a mask is given and q > 1 (under torch.compile, also for q = 1): over the compiled
+    regime's whole cache that copy is a tenth of a pass of the embedded model (q = 8: 35.7 ms, folded 32.0)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    batch, heads, length, _ = query.shape
+    if groups > 1:
+        query = query.reshape(batch, heads // groups, groups * length, query.shape[-1])
+        if attention_mask is not None:
+            mask_batch, mask_heads, _, columns = attention_mask.shape
+            attention_mask = attention_mask[:, :, None].expand(mask_batch, mask_heads, groups, length, columns)
+            attention_mask = attention_mask.reshape(mask_batch, mask_heads, groups * length, columns)
+    output = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                              dropout_p=dropout, scale=scaling)
+    return output.reshape(batch, heads, length, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 class CompileFailed(SpecbenchError):
@@ -81,15 +111,14 @@ class CompiledTarget(TransformersTarget):
     """A transformers causal LM whose verification passes run compiled (see the module's docstring).
 
     buckets: the pass sizes compiled, ascending, 1 first (``run.compile_buckets``).
-    mode:    torch.compile's mode (``run.compile_mode``): ``max-autotune-no-cudagraphs`` lets inductor time its
-             C++ matrix-product templates against the library's for each shape and keep the faster (on a 2-core CPU
-             a one-row product streams the weights about twice as fast so); ``default`` compiles in about half the
-             time without that choice.
+    mode:    torch.compile's mode (``run.compile_mode``): ``default``, or ``max-autotune-no-cudagraphs``, which
+             times inductor's matrix-product templates against the library's kernels for each shape (without frozen
+             weights the library's won on a 2-core Xeon: no faster pass, a slower compile).
     """
 
     regime = REGIME
 
-    def __init__(self, model: torch.nn.Module, buckets=tuple(COMPILE_BUCKETS), mode: str = "max-autotune-no-cudagraphs"):
+    def __init__(self, model: torch.nn.Module, buckets=tuple(COMPILE_BUCKETS), mode: str = "default"):
         super().__init__(model)
         self.buckets = check_compile_buckets(buckets)
         if mode not in COMPILE_MODES:
@@ -128,8 +157,9 @@ class CompiledTarget(TransformersTarget):
         shapes = [(bucket, tuple(layers)) for layers in dict.fromkeys(map(tuple, hidden_layers))
                   for bucket in self.buckets]
         log.info("run.regime=compiled: compiling %d pass shapes (%s tokens) for a cache of %d tokens: on 2 CPU cores "
-                 "about a minute each the first time (%s mode), seconds once %s holds them", len(shapes),
-                 ",".join(map(str, self.buckets)), self.capacity, self.mode, os.environ["TORCHINDUCTOR_CACHE_DIR"])
+                 "about half a minute each for a 135M model the first time (%s mode), seconds once %s holds them",
+                 len(shapes), ",".join(map(str, self.buckets)), self.capacity, self.mode,
+                 os.environ["TORCHINDUCTOR_CACHE_DIR"])
         self._compile(shapes, progress)
         self._frozen = True
 
@@ -206,12 +236,13 @@ class CompiledTarget(TransformersTarget):
         compiled = self._compiled_pass(layers)
         if not self._frozen:
             self._shapes.add((bucket, layers))
-            return _compiling(lambda: compiled(*tensors), self.model)
+            with self._folded_attention():
+                return _compiling(lambda: compiled(*tensors), self.model)
         if (bucket, layers) not in self._shapes:
             raise CompileFailed(f"a pass of {bucket} tokens{_with_layers(layers)} was not compiled in the warm-up; "
                                 "please report it")
         try:
-            with torch.compiler.set_stance("fail_on_recompile"):
+            with torch.compiler.set_stance("fail_on_recompile"), self._folded_attention():
                 return compiled(*tensors)
         except RuntimeError as error:
             if "recompile" not in str(error).lower():
@@ -219,6 +250,18 @@ class CompiledTarget(TransformersTarget):
             raise CompileFailed(f"a pass of {bucket} tokens{_with_layers(layers)} needed a new compile after the "
                                 f"warm-up ({_first_line(error)}); a compiled run never times a compile: please "
                                 "report it") from None
+
+    @contextlib.contextmanager
+    def _folded_attention(self):
+        """The model's attention is ``folded_gqa_attention`` while a compiled pass runs (and is traced, so the
+        graphs hold it); the eager prefill keeps transformers' SDPA, as the eager regime runs it."""
+        config = self.model.config
+        previous = config._attn_implementation
+        config._attn_implementation = FOLDED_ATTENTION
+        try:
+            yield
+        finally:
+            config._attn_implementation = previous
 
     def _compile(self, shapes: list[tuple[int, tuple[int, ...]]], progress) -> None:
         """One dummy pass per (bucket, layers) shape, over position 1 of the cache, which compiles it."""
@@ -263,17 +306,19 @@ class CompiledTarget(TransformersTarget):
 
 
 def _configure_compiler() -> None:
-    """inductor and dynamo as the compiled regime needs them, for the whole process (they are process-wide):
-    weights folded into the graphs (freezing: packed once for the CPU's matrix products); enough recompiles of
-    the one pass function for every bucket, and an error past them rather than dynamo's quiet eager fallback; the
-    compiled kernels cached under specbench's cache unless TORCHINDUCTOR_CACHE_DIR names another place."""
+    """dynamo and inductor as the compiled regime needs them, for the whole process (their settings are
+    process-wide): enough recompiles of the one pass function for every bucket, and an error past them rather
+    than dynamo's quiet eager fallback; the compiled graphs cached under specbench's cache unless
+    TORCHINDUCTOR_CACHE_DIR names another place. The attention function the passes use is registered with
+    transformers."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(FOLDED_ATTENTION, folded_gqa_attention)
     import torch._dynamo.config as dynamo_config
-    import torch._inductor.config as inductor_config
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     from specbench.storage.cache import cache_root
 
-    inductor_config.freezing = True
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
     dynamo_config.fail_on_recompile_limit_hit = True
     # inductor writes its default into the variable once it has looked: that one is not the user's choice.
