@@ -126,7 +126,7 @@ def table(rows: list[tuple[str, str, dict]]) -> list[str]:
                  if q in found["cost"] else "-" for q in COST_SIZES]
         flag = " (flagged: a busy machine)" if found["flagged"] else ""
         lines.append("| " + " | ".join([method, regime + flag, cell(found["ar_tokens_per_s"], ".1f"),
-                                        cell(found["ar_pass_ms"], ".1f"), cell(found["over_floor"], ".2f") + "x",
+                                        cell(found["ar_pass_ms"], ".1f"), cell(found["over_floor"], ".2f") + ("x" if found["over_floor"] else ""),
                                         *costs, cell(found["speedup"], ".2f") + "x", cell(found["mat"], ".2f"),
                                         found["identical"], cell(found["compile_s"], ".0f")]) + " |")
     return lines
@@ -136,7 +136,7 @@ def host_lines(summary: dict) -> list[str]:
     from specbench.measure.machine import cpu_model_and_flags
 
     model, flags = cpu_model_and_flags()
-    vectors = " ".join(sorted(flag for flag in flags if flag.startswith(("avx", "amx", "sse4", "fma", "neon"))))
+    vectors = " ".join(sorted(flag for flag in flags.split() if flag.startswith(("avx", "amx", "sse4", "fma", "neon"))))
     environment = summary.get("environment", {})
     curve = summary.get("cost_curve") or {}
     floor_ms, megabytes, bandwidth = (curve.get(key) and curve[key] * scale for key, scale in

@@ -193,6 +193,7 @@ class CompiledTarget(TransformersTarget):
             self._passes.clear()
             self._eager_passes.clear()
             self._shapes.clear()
+            self._static.attend(1)
             self._eager_pass(())(*self._tensors(np.zeros(1, np.int64), np.zeros(1, np.int64),
                                                 np.ones((1, 1), bool)))  # allocates every layer's buffers
             self._static.set_length(0)
@@ -207,6 +208,7 @@ class CompiledTarget(TransformersTarget):
         size = prompt_ids.size
         start = self.length
         visible = np.tril(np.ones((size, size), dtype=bool))
+        self._static.attend(start + size)
         logits, hidden = self._eager_pass(self._hidden_layers)(
             *self._tensors(prompt_ids, np.arange(start, start + size), visible),
             logits_to_keep=0 if every_position else 1)
@@ -221,6 +223,7 @@ class CompiledTarget(TransformersTarget):
             raise SpecbenchError(f"a pass at position {inputs.start} of {bucket} tokens overruns the compiled "
                                  f"target's cache of {self.capacity}: start() was asked for too little")
         self._static.set_length(inputs.start)
+        self._static.attend(inputs.start + bucket)
         tensors = self._tensors(*padded_inputs(inputs, bucket))
         logits, hidden = self._run(bucket, self._hidden_layers, tensors)
         self._static.set_length(inputs.start + size)
@@ -270,6 +273,7 @@ class CompiledTarget(TransformersTarget):
             for bucket, layers in bar:
                 began = time.perf_counter()
                 self._static.set_length(1)
+                self._static.attend(1 + bucket)
                 inputs = VerifyInputs(tokens=np.zeros(bucket, np.int64), positions=np.arange(1, bucket + 1),
                                       visible=np.tril(np.ones((bucket, bucket), dtype=bool)), start=1)
                 self._run(bucket, layers, self._tensors(*padded_inputs(inputs, bucket)))
@@ -283,17 +287,17 @@ class CompiledTarget(TransformersTarget):
         return self._passes[layers]
 
     def _eager_pass(self, layers: tuple[int, ...]) -> Callable:
-        """The pass as a function of (tokens [1, q], positions [1, q], visible [q, q]): the [q, capacity] mask
-        built from the cache's write position inside it, so that no position is a constant of a compiled graph."""
+        """The pass as a function of (tokens [1, q], positions [1, q], visible [q, q]) over the cache's columns
+        (``StaticTreeCache.attend``): the [q, columns] mask built from the cache's write position inside it, so
+        that no position is a constant of a compiled graph."""
         if layers in self._eager_passes:
             return self._eager_passes[layers]
         model, cache, keyword = self.model, self._static, self._keyword
-        columns = torch.arange(cache.capacity, device=self.input_device)
 
         def target_pass(input_ids, position_ids, visible, logits_to_keep: int = 0):
             size = input_ids.shape[1]
             slots = cache.write_at + torch.arange(size, device=input_ids.device)
-            mask = (columns < cache.write_at).unsqueeze(0).expand(size, -1).clone()
+            mask = (cache.columns < cache.write_at).unsqueeze(0).expand(size, -1).clone()
             mask.index_copy_(1, slots, visible)
             output = forward_with_cache(model, cache, keyword, input_ids=input_ids, position_ids=position_ids,
                                         attention_mask=mask[None, None], logits_to_keep=logits_to_keep,
