@@ -21,30 +21,31 @@ from specbench.errors import SpecbenchError
 from specbench.settings import RunSettings, method_name
 from specbench.targets.choice import COMPILED_TARGET, DEFAULT_NODE, regime_target
 from specbench.targets.compiled import CompileFailed, CompiledTarget, bucket_for, padded_inputs
+from specbench.targets.static_cache import StaticTreeCache
 from specbench.testing import configured_drafter, greedy_reference
 
-BUCKETS = (1, 2, 4, 8, 16)
+BUCKETS = (1, 2, 4, 8)
 
 
 @pytest.fixture(scope="module")
 def compiled(tiny):
     target = CompiledTarget(aten_twin(tiny).weights.module, buckets=BUCKETS, mode="default")
     with torch.inference_mode():
-        target.prepare(longest_sequence=200, largest_pass=16, hidden_layers=[()])
+        target.prepare(longest_sequence=200, largest_pass=8, hidden_layers=[()])
     return target
 
 
 def test_a_prepared_target_decodes_exactly_as_greedy_decoding_with_a_chain_and_a_tree(compiled, tiny, prompt_ids):
-    decoder = Decoder(compiled, tiny.eos_token_ids, max_draft_tokens=15)
+    decoder = Decoder(compiled, tiny.eos_token_ids, max_draft_tokens=7)
     pld = configured_drafter("pld", tiny)
     for ids in prompt_ids:
         expected = greedy_reference(tiny.weights.module, ids, 33)
         assert decoder.generate(ids, NoDraft(), 33).token_ids[:len(expected)] == expected
         assert decoder.generate(ids, pld, 33).token_ids[:len(expected)] == expected
-        tree = Decoder(compiled, frozenset(), 15).generate(ids, TreeOracle(expected, 4), 33)  # keep() moves entries
+        tree = Decoder(compiled, frozenset(), 7).generate(ids, TreeOracle(expected, 3), 33)  # keep() moves entries
         assert tree.token_ids == expected
-        assert [s.accepted_tokens for s in tree.steps[1:]] == [5] * 6 + [2]
-    assert set(compiled.compile_seconds) == {"1", "2", "4", "8", "16"}
+        assert [s.accepted_tokens for s in tree.steps[1:]] == [4] * 8
+    assert set(compiled.compile_seconds) == {"1", "2", "4", "8"}
     assert compiled.length == 0  # released after each decode
 
 
@@ -68,6 +69,7 @@ def test_after_prepare_a_pass_that_would_compile_is_one_line_never_an_eager_fall
     assert "needed a new compile after the warm-up" in message and "never times a compile" in message
 
 
+@pytest.mark.slow  # compiles two shapes twice
 def test_a_sequence_longer_than_the_cache_grows_it_before_its_clock_starts(tiny, prompt_ids, caplog):
     target = CompiledTarget(aten_twin(tiny).weights.module, buckets=(1, 2), mode="default")
     ids = prompt_ids[1]
@@ -110,7 +112,30 @@ def test_the_compiled_target_refuses_what_it_cannot_run(tiny):
     module = aten_twin(tiny).weights.module
     assert "run.compile_buckets must be ascending" in refusal(CompiledTarget, module, buckets=(2, 4))
     assert "run.compile_mode='fast' is not known" in refusal(CompiledTarget, module, mode="fast")
-    assert "larger than the largest compiled shape (16)" in refusal(bucket_for, 17, BUCKETS)
+    assert "larger than the largest compiled shape (8)" in refusal(bucket_for, 9, BUCKETS)
+
+
+def test_the_static_cache_keeps_a_trees_path_in_place_and_attends_over_the_filled_prefix():
+    cache = StaticTreeCache(num_layers=2, capacity=16, device=torch.device("cpu"))
+    cache.allocate(kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"))
+    for layer in cache.layers:  # entry i holds i, keys and values alike
+        layer.keys[0, 0, :, :] = torch.arange(16.0)[:, None]
+        layer.values[0, 0, :, :] = torch.arange(16.0)[:, None]
+    cache.set_length(10)  # a pass of 5 nodes was written at 5..9
+    assert cache.length == 10 and cache.write_at.item() == 10
+    cache.keep_nodes(5, [0, 2, 4])  # nodes 0, 2 and 4 (entries 5, 7, 9) move to 5, 6, 7
+    assert cache.length == 8 and cache.write_at.item() == 8
+    for layer in cache.layers:
+        assert layer.keys[0, 0, :8, 0].tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
+        assert layer.values[0, 0, 5:8, 1].tolist() == [5, 7, 9]
+    cache.keep_nodes(8, [0])  # a chain's accepted prefix is in place: nothing moves
+    assert cache.length == 9
+    cache.truncate(6)
+    assert cache.length == 6 and cache.write_at.item() == 6
+    columns = cache.attend(7)
+    assert columns.tolist() == list(range(7)) and cache.layers[0].get_mask_sizes(1) == (7, 0)
+    keys, _ = cache.layers[0].update(torch.full((1, 1, 1, 2), 99.0), torch.full((1, 1, 1, 2), 99.0))
+    assert keys.shape[2] == 7 and keys[0, 0, 6, 0] == 99  # written at write_at, the attended prefix returned
 
 
 def test_padding_to_a_bucket_leaves_the_real_nodes_as_they_were():
@@ -120,7 +145,7 @@ def test_padding_to_a_bucket_leaves_the_real_nodes_as_they_were():
     assert tokens.tolist() == [7, 8, 9, 0] and positions.tolist() == [10, 11, 11, 11]
     assert (padded[:3, :3] == visible).all() and not padded[:3, 3].any()  # no real node sees the pad
     assert padded[3].tolist() == [False, False, False, True]  # the pad sees itself only
-    assert [bucket_for(size, BUCKETS) for size in (1, 2, 3, 5, 16)] == [1, 2, 4, 8, 16]
+    assert [bucket_for(size, BUCKETS) for size in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
 
 
 # ---- the regime's settings, names and identity ---------------------------------------------------------------
