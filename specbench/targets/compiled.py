@@ -80,6 +80,19 @@ class CompileFailed(SpecbenchError):
     """torch.compile could not compile the target's pass, or a pass needed a compile after the warm-up."""
 
 
+# The first transformers release whose models take the cache as ``cache=`` and no longer derive positions from its
+# length (``cache.get_seq_length()``, a Python int, so a graph compiled over it is recompiled at every pass: under
+# 5.0 each pass hit dynamo's recompile limit).
+FIRST_COMPILABLE = (5, 24)
+
+
+def compilable_transformers() -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__).release >= FIRST_COMPILABLE
+
+
 def bucket_for(size: int, buckets: tuple[int, ...]) -> int:
     """The smallest bucket that holds ``size`` tokens; a SpecbenchError when none does."""
     for bucket in buckets:
@@ -127,6 +140,13 @@ class CompiledTarget(TransformersTarget):
             where = ", ".join(map(str, self.devices))
             raise SpecbenchError(f"run.regime=compiled runs a target on one CPU so far, not on {where} (CUDA graphs "
                                  "per bucket are not built yet); run.regime=eager runs it there")
+        if not compilable_transformers():
+            import transformers
+
+            raise SpecbenchError(f"run.regime=compiled needs transformers {'.'.join(map(str, FIRST_COMPILABLE))} or "
+                                 f"later, not {transformers.__version__}: earlier releases count a pass's positions "
+                                 "from the cache's length, a new constant of the compiled graph at every pass; "
+                                 "run.regime=eager runs it")
         if any(isinstance(module, OneDNNLinear) for module in model.modules()):
             raise SpecbenchError("run.regime=compiled needs the model's own linear layers (run.linear_backend=auto "
                                  "or aten): torch.compile cannot trace oneDNN's packed ones, and packs the weights "
