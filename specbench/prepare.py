@@ -7,6 +7,11 @@ once.
     python -m specbench.prepare --model smollm2-135m --drafters hd,rest
     python -m specbench.prepare --dry-run                     # the plan only: what, how long, cached or not
     python -m specbench.prepare --drafters hd drafter.statistics_corpus=/data/corpus.txt run.device=cuda
+    python -m specbench.prepare --drafters pld,suffix run.regime=compiled   # also the target's compiled passes
+
+With ``run.regime=compiled`` the target's verification passes are compiled too, after the artefacts, for the very
+shapes each drafter's run compiles in its warm-up (the task's longest sequence, the buckets up to the largest
+draft, the hidden states the drafter asks for), into the compiled regime's cache; the run then reads them.
 
 Each drafter's configuration is composed as ``python -m specbench model=M drafter=D OVERRIDES`` composes it, and
 what is built is the drafter's own ``artefacts(target)``, the objects its ``prepare`` loads, so what is built here
@@ -128,17 +133,71 @@ def prepare(args: argparse.Namespace) -> int:
     print("\n".join(plan_lines(plan)))
     if skipped:
         print(f"  not prepared, having no draft for {target.name} without settings of your own: {', '.join(skipped)}")
-    if args.dry_run:
-        return 0
-    for name, artefacts in needed.items():
+    for name, artefacts in ({} if args.dry_run else needed).items():
         if all(planned.ready() for drafter_name, planned in plan if drafter_name == name):
             continue
         print(f"prepare: building what drafter={name} needs", flush=True)
         # The very objects the drafter's prepare loads in a run: built (and checked by loading) here.
         fetch(dict(enumerate(artefacts)))
+    compiled = [name for name in names if configs[name][1].regime == "compiled" and name not in skipped]
+    if compiled:
+        compile_passes({name: configs[name] for name in compiled}, args.dry_run)
+    if args.dry_run:
+        return 0
     print(f"prepare: done; every artefact above is in the cache, so python -m specbench model={args.model} "
           "drafter=... starts at once")
     return 0
+
+
+def compile_passes(configs: dict, dry_run: bool) -> None:
+    """Compile the target's passes for each drafter config of ``configs`` (all run.regime=compiled) as its run's
+    warm-up would: the engine loaded as the run loads it, the task's questions that fit, the same shapes
+    (``SpecbenchLoop.target_shapes``), once per distinct set of shapes."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from specbench.config import choose_engine
+    from specbench.distributed import Processes
+    from specbench.engines.base import SkipQuestion
+    from specbench.questions import read_questions, select_questions
+    from specbench.run.threads import choose_threads
+    from specbench.targets.compiled import compiled_cache_location
+
+    print(f"prepare: the target's compiled passes (run.regime=compiled) of drafter={','.join(configs)}, each set of "
+          "shapes once: the first time about half a minute a shape on 2 CPU cores for the embedded model, seconds "
+          f"once cached  [{compiled_cache_location()}]")
+    if dry_run:
+        return
+    done: dict[tuple, str] = {}
+    for name, (cfg, settings) in configs.items():
+        engine_class, engine_settings = choose_engine(cfg)
+        processes = Processes.from_environment(cfg.model.get("tp_plan"), settings.device)
+        torch.set_num_threads(choose_threads(settings, None, processes.world_size)[0])  # as the run will
+        engine = engine_class.load(engine_settings, cfg.model, cfg.drafter, settings, processes)
+        try:
+            questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
+            pending = []
+            for prompt in questions:
+                try:
+                    engine.check_fits(prompt)
+                    pending.append(prompt)
+                except SkipQuestion:  # the run skips it too, and sizes nothing for it
+                    pass
+            shapes = engine.target_shapes(pending)
+            key = (OmegaConf.to_yaml(cfg.model), settings.device, tuple(settings.compile_buckets),
+                   settings.compile_mode, torch.get_num_threads(), repr(shapes))
+            if key in done:
+                print(f"prepare: drafter={name} runs the shapes compiled for drafter={done[key]}")
+                continue
+            print(f"prepare: compiling the target's passes for drafter={name}", flush=True)
+            engine.prepare_target(pending)
+            regime = engine.regime()
+            seconds, cached = regime["compile_s"], len(regime["from_cache"])
+            print(f"prepare: drafter={name}: {len(seconds)} pass shape(s) ready in {duration_text(sum(seconds.values()))}"
+                  f" ({cached} read from the cache, {len(seconds) - cached} compiled)")
+            done[key] = name
+        finally:
+            engine.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -284,3 +284,75 @@ def test_sampling_through_the_compiled_target_keeps_the_target_distribution(name
     assert max(total_variation(m, e) for m, e in zip(marginal, exact_marginal)) < MARGINAL_BOUND
     assert total_variation(joint, exact_joint) < JOINT_BOUND
     assert drafted > 0
+
+
+@needs_compilable
+@pytest.mark.slow  # compiles three shapes from an empty cache twice, and runs once (about 90 s on 2 cores)
+def test_prepare_compiles_ahead_what_the_run_reads_and_a_damaged_cache_is_set_aside_and_rebuilt(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {name: value for name, value in os.environ.items() if name != "TORCHINDUCTOR_CACHE_DIR"}
+    env["SPECBENCH_CACHE"] = str(tmp_path / "cache")
+    overrides = [item for item in COMPILED_RUN if not item.startswith(("model=", "drafter="))]
+
+    def prepare():
+        return subprocess.run([sys.executable, "-m", "specbench.prepare", "--model", "tiny-random", "--drafters",
+                               "pld,ar", *overrides], capture_output=True, text=True, timeout=600, env=env)
+
+    built = prepare()
+    assert built.returncode == 0, built.stderr
+    assert "prepare: drafter=pld: 3 pass shape(s) ready in" in built.stdout and "(0 read from the cache, 3 compiled)" \
+        in built.stdout
+    assert "prepare: drafter=ar runs the shapes compiled for drafter=pld" in built.stdout  # AR's run: the same shapes
+    inductor = tmp_path / "cache" / "compiled" / "inductor"
+    assert f"[{inductor}]" in built.stdout
+    run = subprocess.run([sys.executable, "-m", "specbench", f"hydra.run.dir={tmp_path / 'run'}", *COMPILED_RUN],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["regime"]["from_cache"] == ["1", "2", "4"]
+    for module in inductor.rglob("*.py"):  # a kernel module cut short: inductor imports it rather than rebuild it
+        module.write_text("truncated(")
+    rebuilt = prepare()
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "inductor failed over its cache" in rebuilt.stderr and "(0 read from the cache, 3 compiled)" in rebuilt.stdout
+    assert (inductor.parent / "inductor.damaged").is_dir() and any(inductor.rglob("*.py"))
+
+
+@needs_compilable
+def test_a_failure_inside_inductor_sets_its_cache_aside_and_compiles_again_once(tiny, tmp_path, monkeypatch, caplog):
+    from specbench.targets import compiled as compiled_module
+
+    cache = tmp_path / "inductor"
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "kernel.py").write_text("truncated(")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    target = CompiledTarget(aten_twin(tiny).weights.module, buckets=(1,), mode="default")
+    calls, resets = [], []
+    failures = [CompileFailed("run.regime=compiled: torch.compile cannot compile it (BackendCompilerFailed: "
+                              "SyntaxError)", in_backend=True, cause="BackendCompilerFailed: SyntaxError")]
+
+    def compile_shapes(shapes, progress):
+        calls.append(list(shapes))
+        if failures:
+            raise failures.pop(0)
+
+    monkeypatch.setattr(target, "_compile_shapes", compile_shapes)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(True))
+    with torch.inference_mode():
+        target.prepare(longest_sequence=8, largest_pass=1, hidden_layers=[()])
+    assert calls == [[(1, ())], [(1, ())]] and resets == [True]  # compiled again once, from a forgotten state
+    assert not cache.exists() and (tmp_path / "inductor.damaged" / "ab" / "kernel.py").is_file()
+    assert any("inductor failed over its cache (BackendCompilerFailed: SyntaxError)" in line and
+               "set aside as" in line for line in warnings_of(caplog))
+    # A failure again with an empty cache is the model's or the compiler's: one line saying the cache was not it.
+    failures += [CompileFailed("cannot compile (BackendCompilerFailed: X)", in_backend=True, cause="X")] * 2
+    target._frozen = False
+    message = refusal(target._compile, [(1, ())], None)
+    assert "also with an empty cache" in message and "inductor.damaged" in message
+    # A failure dynamo reports before inductor runs (a graph break) says so at once, setting nothing aside.
+    failures.append(CompileFailed("cannot compile (Unsupported: print)"))
+    assert refusal(target._compile, [(1, ())], None) == "cannot compile (Unsupported: print)"
+    assert len(resets) == 2

@@ -132,7 +132,17 @@ class SpecbenchLoop(Engine):
         if self.drafter.draft_weights_fingerprint() is not None:
             eager_parts.append(f"{self.drafter_name}'s own model")
         return {"name": target.regime, "buckets": list(target.buckets), "mode": target.mode,
-                "cache_tokens": target.capacity, "compile_s": dict(target.compile_seconds), "eager_parts": eager_parts}
+                "cache_tokens": target.capacity, "compile_s": dict(target.compile_seconds),
+                "from_cache": sorted(target.shapes_from_cache, key=list(target.compile_seconds).index),
+                "eager_parts": eager_parts}
+
+    def target_shapes(self, pending: list[Prompt]) -> tuple[int, int, list[tuple[int, ...]]]:
+        """What the target is prepared for before ``pending`` are decoded: the longest sequence (the longest turn
+        plus the largest draft), the largest pass, and the hidden-state layer sets asked of its passes (() for none).
+        ``python -m specbench.prepare`` compiles these same shapes ahead of a run."""
+        longest = min(longest_sequence(self.model, pending, self.settings.max_new_tokens), self.model.max_context)
+        largest_pass = self.settings.max_draft_tokens + 1
+        return longest + largest_pass, largest_pass, list(dict.fromkeys([(), tuple(self.drafter.hidden_state_layers)]))
 
     def prepare_target(self, pending: list[Prompt]) -> None:
         """Before the first decode: the target ready for the run's longest sequence and largest pass (a compiled
@@ -140,9 +150,7 @@ class SpecbenchLoop(Engine):
         target = self.model.target
         if target.regime == "eager":
             return
-        longest = min(longest_sequence(self.model, pending, self.settings.max_new_tokens), self.model.max_context)
-        layers = list(dict.fromkeys([(), tuple(self.drafter.hidden_state_layers)]))
-        target.prepare(longest + self.settings.max_draft_tokens + 1, self.settings.max_draft_tokens + 1, layers,
+        target.prepare(*self.target_shapes(pending),
                        progress=functools.partial(tqdm, file=sys.stderr, dynamic_ncols=True,
                                                   disable=not self.processes.primary))
         eager = self.regime()["eager_parts"]

@@ -36,6 +36,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -77,7 +78,13 @@ def folded_gqa_attention(module, query, key, value, attention_mask, dropout=0.0,
 
 
 class CompileFailed(SpecbenchError):
-    """torch.compile could not compile the target's pass, or a pass needed a compile after the warm-up."""
+    """torch.compile could not compile the target's pass, or a pass needed a compile after the warm-up.
+    ``in_backend``: inductor's compile itself failed (``cause`` its first line), which a damaged cache can cause."""
+
+    def __init__(self, message: str, in_backend: bool = False, cause: str = ""):
+        super().__init__(message)
+        self.in_backend = in_backend
+        self.cause = cause
 
 
 # The first transformers release whose models take the cache as ``cache=`` and no longer derive positions from its
@@ -153,6 +160,7 @@ class CompiledTarget(TransformersTarget):
                                  "itself")
         self.mode = mode
         self.compile_seconds: dict[str, float] = {}  # per compiled shape, for the run's record
+        self.shapes_from_cache: set[str] = set()  # those whose graph inductor read from its cache
         self._passes: dict[tuple[int, ...], Callable] = {}  # per hidden-state layers: the compiled pass
         self._eager_passes: dict[tuple[int, ...], Callable] = {}
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (bucket, layers) compiled over this cache
@@ -287,6 +295,27 @@ class CompiledTarget(TransformersTarget):
             config._attn_implementation = previous
 
     def _compile(self, shapes: list[tuple[int, tuple[int, ...]]], progress) -> None:
+        """Compile every (bucket, layers) shape of ``shapes``. When inductor fails, its cache may be what is broken
+        (a truncated kernel module or library, which inductor imports rather than rebuilds): the cache is set aside
+        and every shape compiled again from nothing, once; a second failure is the model's or the compiler's."""
+        try:
+            self._compile_shapes(shapes, progress)
+        except CompileFailed as failure:
+            if not failure.in_backend:
+                raise
+            aside = set_aside(compiled_cache_location())
+            log.warning("run.regime=compiled: inductor failed over its cache (%s); the cache may be damaged: it is "
+                        "set aside as %s and every pass shape compiles again from nothing", failure.cause, aside)
+            torch._dynamo.reset()  # forget what was compiled from the old cache, and the failure
+            self._passes.clear()
+            self._shapes.clear()
+            try:
+                self._compile_shapes(shapes, progress)
+            except CompileFailed as again:
+                raise CompileFailed(f"{again} (also with an empty cache, so not because of the one set aside as "
+                                    f"{aside})") from None
+
+    def _compile_shapes(self, shapes: list[tuple[int, tuple[int, ...]]], progress) -> None:
         """One dummy pass per (bucket, layers) shape, over position 1 of the cache, which compiles it."""
         bar = progress(shapes, desc="compiling the target's passes", unit="shape") if progress else shapes
         with torch.inference_mode():
@@ -296,8 +325,12 @@ class CompiledTarget(TransformersTarget):
                 self._static.attend(1 + bucket)
                 inputs = VerifyInputs(tokens=np.zeros(bucket, np.int64), positions=np.arange(1, bucket + 1),
                                       visible=np.tril(np.ones((bucket, bucket), dtype=bool)), start=1)
+                hits = _cache_hits()
                 self._run(bucket, layers, self._tensors(*padded_inputs(inputs, bucket)))
-                self.compile_seconds[f"{bucket}{_with_layers(layers)}"] = round(time.perf_counter() - began, 2)
+                shape = f"{bucket}{_with_layers(layers)}"
+                self.compile_seconds[shape] = round(time.perf_counter() - began, 2)
+                if _cache_hits() > hits:
+                    self.shapes_from_cache.add(shape)
             self._static.set_length(0)
 
     def _compiled_pass(self, layers: tuple[int, ...]) -> Callable:
@@ -339,18 +372,27 @@ def _configure_compiler() -> None:
 
     AttentionInterface.register(FOLDED_ATTENTION, folded_gqa_attention)
     import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    dynamo_config.fail_on_recompile_limit_hit = True
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compiled_cache_location())
+
+
+def compiled_cache_location() -> Path:
+    """Where the compiled regime keeps inductor's kernels: TORCHINDUCTOR_CACHE_DIR when the user set it, else
+    ``compiled/inductor`` under specbench's cache."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     from specbench.storage.cache import cache_root
 
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-    dynamo_config.fail_on_recompile_limit_hit = True
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     # inductor writes its default into the variable once it has looked: that one is not the user's choice.
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", os.path.abspath(default_cache_dir())):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir(cache_root(None)))
+    if chosen in (None, "", os.path.abspath(default_cache_dir())):
+        return compile_cache_dir(cache_root(None))
+    return Path(chosen)
 
 
-def compile_cache_dir(root) -> os.PathLike:
+def compile_cache_dir(root: Path) -> Path:
     """Where inductor keeps the compiled regime's kernels under specbench's cache ``root``."""
     return root / "compiled" / "inductor"
 
@@ -365,8 +407,39 @@ def _compiling(call: Callable, model: torch.nn.Module):
     except (dynamo_errors.Unsupported, dynamo_errors.BackendCompilerFailed, dynamo_errors.TorchRuntimeError,
             dynamo_errors.InternalTorchDynamoError, dynamo_errors.FailOnRecompileLimitHit) as error:
         name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-        raise CompileFailed(f"run.regime=compiled: torch.compile cannot compile {name}'s pass "
-                            f"({type(error).__name__}: {_first_line(error)}); run.regime=eager runs it") from None
+        cause = f"{type(error).__name__}: {_backend_cause(error)}"
+        raise CompileFailed(f"run.regime=compiled: torch.compile cannot compile {name}'s pass ({cause}); "
+                            "run.regime=eager runs it", in_backend=isinstance(error, dynamo_errors.BackendCompilerFailed),
+                            cause=cause) from None
+
+
+def _cache_hits() -> int:
+    """How many graphs inductor and AOTAutograd have read from their caches in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+
+
+def _backend_cause(error: BaseException) -> str:
+    """The first line of ``error`` that says something: inductor's BackendCompilerFailed opens with "backend=
+    'inductor' raised:" and names the cause on the next line."""
+    lines = [" ".join(line.split()) for line in str(error).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("backend=") and lines[0].endswith("raised:"):
+        lines = lines[1:]
+    return (lines[0][:300] if lines else "") or type(error).__name__
+
+
+def set_aside(directory: Path) -> Path:
+    """Move ``directory`` to ``<directory>.damaged`` (replacing an earlier one), keeping it for a bug report
+    rather than deleting what may be a directory the user chose; return where it went."""
+    import shutil
+
+    aside = directory.with_name(directory.name + ".damaged")
+    if aside.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+    if directory.exists():
+        directory.rename(aside)
+    return aside
 
 
 def _with_layers(layers: tuple[int, ...]) -> str:
