@@ -35,11 +35,21 @@ PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
     "pydivsufsort>=0.0.14" "gguf==$(version gguf)"
 # antlr4-python3-runtime 4.9.3 (what omegaconf 2.3 pins) is published as an sdist only: build its wheel here
 "$PY" -m pip wheel --quiet --no-deps "antlr4-python3-runtime==$(version antlr4-python3-runtime)" -w "$DIR"
+# Row 6 (the compiled regime) needs transformers 5.24 or later; the image's is older. This venv's transformers and
+# what it depends on, in a folder of their own, installed apart and put on the path for row 6's run only (a newer
+# hub and its HTTP stack beside the image's torch must not touch rows 1-5). numpy stays the image's.
+rm -rf "$DIR/transformers" && mkdir -p "$DIR/transformers"
+"$PY" -m pip download --quiet --only-binary :all: --python-version "$PYVER" "${PLATFORMS[@]}" \
+    -d "$DIR/transformers" "transformers==$(version transformers)"
+rm -f "$DIR"/transformers/numpy-*.whl
 echo "bundle $DIR ($(du -sh "$DIR" | cut -f1)):"
 ls -l "$DIR"/*.whl | awk '{printf "  %9d  %s\n", $5, $NF}'
+echo "  and $DIR/transformers/: $(ls "$DIR"/transformers/*.whl | wc -l) wheels, $(du -sh "$DIR/transformers" | cut -f1) (transformers $(version transformers) for row 6)"
 cat <<USAGE
 
 On the GPU machine (run tool: carry ["$DIR"]), from the repository root (the tool brings back only what is
 written under \$OUT):
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site $DIR/*.whl && PYTHONPATH=/tmp/site python3 scripts/gpu_check.py --out "\$OUT/gpu_check.json"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site $DIR/*.whl && PYTHONPATH=/tmp/site python3 scripts/gpu_check.py --rows 1,2,3,4,tp,5 --out "\$OUT/gpu_check.json"
+and row 6, the compiled regime, under the bundled transformers:
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site6 $DIR/transformers/*.whl && PYTHONPATH=/tmp/site6:/tmp/site python3 scripts/gpu_check.py --rows 6 --out "\$OUT/gpu_check_6.json"
 USAGE

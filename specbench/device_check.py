@@ -10,7 +10,9 @@ a 1k context, device round trips per step, draft/verify/overhead shares of PLD a
 the loop's verify against the pass inside it (the measurements: ``specbench.measure.passes``); (4) accelerate's
 device_map and transformers' tensor parallelism (``torchrun``) against one device; (5) each kind of trained head
 trained on the device against the same training on the host (``specbench.training.device_check``), and one whole
-build. On a CPU the 7B shape is replaced by a small one. Every row is guarded: an exception is a FAIL with its
+build; (6) the compiled regime beside the eager one on the 7B shape (``specbench.compiled_check``: CUDA graphs per
+bucket, tokens, the verify curve and the floor, synchronisations, step-time spread). On a CPU the 7B shape is
+replaced by a small one. Every row is guarded: an exception is a FAIL with its
 first line and the next row runs.
 
 Rows 1-2 compose the drafter configs with Hydra; the rest need neither Hydra nor OmegaConf (a bare GPU machine
@@ -49,7 +51,7 @@ BIG_SHAPE = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32
 SMALL_SHAPE = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=4, vocab_size=32000)  # the CPU's stand-in
 LATENCY_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 80]
-ROW_GROUPS = ("1", "2", "3", "4", "tp", "5")
+ROW_GROUPS = ("1", "2", "3", "4", "tp", "5", "6")
 # HD's auto model database, kept small: a check, not a study
 MODEL_DB_BUILD = testing.small_model_db(max_prompts=8, max_new_tokens=64)
 
@@ -60,6 +62,7 @@ class Row:
     status: str  # PASS, FAIL, SKIP
     detail: str
     seconds: float = 0.0
+    data: dict = field(default_factory=dict)  # measurements a later step reads from --out (row 6's curves)
 
 
 def first_line(error: BaseException) -> str:
@@ -122,6 +125,10 @@ def run_rows(check: Check, groups: list[str]) -> None:
         check.guarded("4 tensor parallel", tensor_parallel_row, check)
     if "5" in groups:
         check.guarded("5 head training", training_rows, check)
+    if "6" in groups:
+        from specbench.compiled_check import compiled_rows
+
+        check.guarded("6 compiled regime", compiled_rows, check)
 
 
 # ---- shared pieces ---------------------------------------------------------------------------------------

@@ -40,16 +40,22 @@ def compiled(tiny):
 
 
 @needs_compilable
-def test_a_prepared_target_decodes_exactly_as_greedy_decoding_with_a_chain_and_a_tree(compiled, tiny, prompt_ids):
-    decoder = Decoder(compiled, tiny.eos_token_ids, max_draft_tokens=7)
+def decodes_as_greedy_decoding(target, tiny, prompt_ids) -> None:
+    """AR, PLD's chain and a tree whose accepted path must be moved in the cache, over ``target``: each decode is
+    plain greedy decoding's."""
+    decoder = Decoder(target, tiny.eos_token_ids, max_draft_tokens=7)
     pld = configured_drafter("pld", tiny)
     for ids in prompt_ids:
         expected = greedy_reference(tiny.weights.module, ids, 33)
         assert decoder.generate(ids, NoDraft(), 33).token_ids[:len(expected)] == expected
         assert decoder.generate(ids, pld, 33).token_ids[:len(expected)] == expected
-        tree = Decoder(compiled, frozenset(), 7).generate(ids, TreeOracle(expected, 3), 33)  # keep() moves entries
+        tree = Decoder(target, frozenset(), 7).generate(ids, TreeOracle(expected, 3), 33)  # keep() moves entries
         assert tree.token_ids == expected
         assert [s.accepted_tokens for s in tree.steps[1:]] == [4] * 8
+
+
+def test_a_prepared_target_decodes_exactly_as_greedy_decoding_with_a_chain_and_a_tree(compiled, tiny, prompt_ids):
+    decodes_as_greedy_decoding(compiled, tiny, prompt_ids)
     assert set(compiled.compile_seconds) == {"1", "2", "4", "8"}
     assert compiled.length == 0  # released after each decode
 
@@ -179,6 +185,8 @@ def test_the_regime_settings_are_checked_in_one_line():
     assert "run.linear_backend=onednn cannot run under run.regime=compiled" in settings_refusal(
         regime="compiled", linear_backend="onednn")
     RunSettings(regime="compiled", compile_buckets=[1, 2, 4], max_draft_tokens=3).check()  # a short draft fits
+    assert "which a CPU has not" in settings_refusal(regime="compiled", compile_mode="none", device="cpu")
+    RunSettings(regime="compiled", compile_mode="none", device="cuda").check()  # CUDA graphs of the eager kernels
     # The buckets are checked in the eager regime too, so a sweep that switches regimes fails before its first job.
     assert "run.compile_buckets" in settings_refusal(compile_buckets=[])
 
@@ -356,3 +364,40 @@ def test_a_failure_inside_inductor_sets_its_cache_aside_and_compiles_again_once(
     failures.append(CompileFailed("cannot compile (Unsupported: print)"))
     assert refusal(target._compile, [(1, ())], None) == "cannot compile (Unsupported: print)"
     assert len(resets) == 2
+
+
+def test_a_gpu_runs_path_replaying_captured_passes_decodes_exactly_as_greedy_decoding(tiny, prompt_ids):
+    """What a GPU run relies on, checked on the CPU: every bucket's pass captured once over its own input tensors
+    (graphs.HostReplay keeps CUDA graphs' contract: inputs copied in, outputs overwritten by the next replay), over
+    the whole cache's columns, decodes as plain greedy decoding with a chain and a tree, and a drafter's hidden
+    states outlive the next replay."""
+    from specbench.targets.graphs import HostReplay
+
+    graphs = HostReplay()
+    target = CompiledTarget(aten_twin(tiny).weights.module, buckets=BUCKETS, mode="none", graphs=graphs)
+    with torch.inference_mode():
+        target.prepare(longest_sequence=200, largest_pass=8, hidden_layers=[(), (1,)])
+    assert graphs.captures == 8 and list(target.compile_seconds)[::2] == ["8", "4", "2", "1"]  # the largest first
+    decodes_as_greedy_decoding(target, tiny, prompt_ids)
+    ids = np.asarray(prompt_ids[0], dtype=np.int64)
+    with torch.inference_mode():
+        target.start(ids.size + 16)
+        target.request_hidden_states((1,))
+        target.prefill(ids, False, 2)
+        first = VerifyInputs(tokens=ids[:3], positions=np.arange(ids.size, ids.size + 3),
+                             visible=np.tril(np.ones((3, 3), dtype=bool)), start=ids.size)
+        target.verify(first, 3, 2)
+        kept = target._hidden
+        copy = kept.clone()
+        second = VerifyInputs(tokens=ids[3:7], positions=np.arange(ids.size + 3, ids.size + 7),
+                              visible=np.tril(np.ones((4, 4), dtype=bool)), start=ids.size + 3)
+        target.verify(second, 4, 2)  # the same graph replayed: the first pass's hidden states stay as they were
+        assert torch.equal(kept, copy)
+        target.request_hidden_states(())
+    target.release()
+
+
+def test_compile_mode_none_is_for_cuda_graphs_and_refused_on_a_cpu(tiny):
+    message = refusal(CompiledTarget, aten_twin(tiny).weights.module, mode="none")
+    assert message == ("run.compile_mode=none captures the eager kernels in CUDA graphs, which a CPU has not; on a "
+                       "CPU choose default or max-autotune-no-cudagraphs")

@@ -35,10 +35,15 @@ def test_gpu_check_passes_on_the_cpu(tmp_path):
     names = " ".join(row["name"] for row in rows)
     for row_kind in ("1 lossless float32 pld", "2 bfloat16", "3 verify latency", "3 round trips", "3 step shares",
                      "3 loop verify vs its own pass", "4 device_map=cpu", "4 tensor parallel", "5 eagle head trains",
-                     "5 eagle3 head trains", "5 medusa head trains", "5 hydra head trains"):
+                     "5 eagle3 head trains", "5 medusa head trains", "5 hydra head trains",
+                     "float32 compiled default: prepare", "6 compiled tokens vs eager", "6 verify ms eager vs compiled",
+                     "6 AR step-time spread"):
         assert row_kind in names
     skipped = [row for row in rows if row["status"] == "SKIP"]
-    assert all(row["name"].startswith(("2 float16", "4 device_map=auto")) for row in skipped), skipped
+    assert all(row["name"].startswith(("2 float16", "4 device_map=auto", "6 no synchronisation")) for row in skipped), \
+        skipped
+    curve = next(row for row in rows if row["name"].startswith("6 verify ms"))["data"]
+    assert set(curve["curves"]) == {"eager", "default"} and curve["floor_s"] > 0  # what analysis project reads
     for row in rows:
         assert row["name"] in done.stdout  # the table is printed, every row in it
 
@@ -313,7 +318,12 @@ def test_the_bundle_accepts_every_manylinux_tag_the_gpu_machine_runs(tmp_path):
     # manylinux_2_28 wheels (pydivsufsort's newest) and every tag from glibc 2.31 down to manylinux2014's 2.17
     assert platforms == [f"manylinux_2_{minor}_x86_64" for minor in range(31, 16, -1)] + [
         "manylinux2014_x86_64", "manylinux1_x86_64"]
-    assert 'python3 scripts/gpu_check.py --out "$OUT/gpu_check.json"' in done.stdout  # where the device tool looks
+    assert 'python3 scripts/gpu_check.py --rows 1,2,3,4,tp,5 --out "$OUT/gpu_check.json"' in done.stdout  # under $OUT
+    # Row 6 runs apart, under the bundled newer transformers and its dependencies, downloaded with them
+    assert 'PYTHONPATH=/tmp/site6:/tmp/site python3 scripts/gpu_check.py --rows 6 --out "$OUT/gpu_check_6.json"' \
+        in done.stdout
+    transformers = [line for line in calls.read_text().splitlines() if "transformers==" in line]
+    assert len(transformers) == 1 and "--no-deps" not in transformers[0] and "/bundle/transformers" in transformers[0]
     refused = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bundle.sh"), str(tmp_path / "b2"), "3.12", "new"],
                              capture_output=True, text=True, timeout=60, env=env)
     assert refused.returncode == 2 and "GLIBC=new is not a glibc version" in refused.stderr

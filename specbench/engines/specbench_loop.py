@@ -134,7 +134,8 @@ class SpecbenchLoop(Engine):
         return {"name": target.regime, "buckets": list(target.buckets), "mode": target.mode,
                 "cache_tokens": target.capacity, "compile_s": dict(target.compile_seconds),
                 "from_cache": sorted(target.shapes_from_cache, key=list(target.compile_seconds).index),
-                "eager_parts": eager_parts}
+                "graphs": None if target.graphs is None else target.graphs.kind,
+                "graph_memory_bytes": target.graph_memory_bytes, "eager_parts": eager_parts}
 
     def target_shapes(self, pending: list[Prompt]) -> tuple[int, int, list[tuple[int, ...]]]:
         """What the target is prepared for before ``pending`` are decoded: the longest sequence (the longest turn

@@ -1,5 +1,7 @@
 """The compiled regime (``run.regime=compiled``): the same transformers model, its verification passes compiled by
-``torch.compile`` (inductor) once per shape, over a KV cache that never moves (``static_cache.StaticTreeCache``).
+``torch.compile`` (inductor) once per shape, over a KV cache that never moves (``static_cache.StaticTreeCache``);
+on a CUDA device each shape's pass is also captured as a CUDA graph (``graphs.CudaGraphs``; with
+``run.compile_mode=none`` the eager kernels alone), over the whole cache buffer, and a pass is one replay.
 
 Why: run eagerly, a pass of a small model is one Python call per kernel, and the cost of verifying q tokens
 against one, t(q)/t(1), is then the interpreter's and the kernel library's (on a 2-core CPU, 2 tokens cost 1.45x
@@ -44,6 +46,7 @@ import torch
 from specbench.decoding.target import TargetChoices, VerifyInputs
 from specbench.errors import SpecbenchError
 from specbench.settings import COMPILE_BUCKETS, COMPILE_MODES, check_compile_buckets
+from specbench.targets.graphs import Captured, CudaGraphs
 from specbench.targets.kernels import OneDNNLinear
 from specbench.targets.static_cache import StaticTreeCache
 from specbench.targets.transformers import TransformersTarget, forward_with_cache
@@ -52,6 +55,7 @@ log = logging.getLogger(__name__)
 
 CAPACITY_STEP = 256  # the cache's capacity is a multiple of it: a few sizes, each compiled once and cached
 REGIME = "compiled"
+NO_COMPILE = "none"  # run.compile_mode on a GPU: the eager kernels captured in CUDA graphs, nothing compiled
 
 
 FOLDED_ATTENTION = "specbench_folded_gqa"  # the name the compiled passes' attention is registered under
@@ -133,20 +137,29 @@ class CompiledTarget(TransformersTarget):
     buckets: the pass sizes compiled, ascending, 1 first (``run.compile_buckets``).
     mode:    torch.compile's mode (``run.compile_mode``): ``default``, or ``max-autotune-no-cudagraphs``, which
              times inductor's matrix-product templates against the library's kernels for each shape (without frozen
-             weights the library's won on a 2-core Xeon: no faster pass, a slower compile).
+             weights the library's won on a 2-core Xeon: no faster pass, a slower compile); on a GPU also ``none``:
+             no torch.compile, the eager kernels captured as they are.
+    graphs:  what captures each shape's pass on a GPU (``graphs.CudaGraphs``, the default there; None on a CPU,
+             where inductor's C++ is the compiled pass); ``graphs.HostReplay`` checks a GPU run's path on a CPU.
     """
 
     regime = REGIME
 
-    def __init__(self, model: torch.nn.Module, buckets=tuple(COMPILE_BUCKETS), mode: str = "default"):
+    def __init__(self, model: torch.nn.Module, buckets=tuple(COMPILE_BUCKETS), mode: str = "default", graphs=None):
         super().__init__(model)
         self.buckets = check_compile_buckets(buckets)
         if mode not in COMPILE_MODES:
             raise SpecbenchError(f"run.compile_mode={mode!r} is not known; choose one of {', '.join(COMPILE_MODES)}")
-        if len(self.devices) > 1 or self.device.type != "cpu":
+        if len(self.devices) > 1 or self.device.type not in ("cpu", "cuda"):
             where = ", ".join(map(str, self.devices))
-            raise SpecbenchError(f"run.regime=compiled runs a target on one CPU so far, not on {where} (CUDA graphs "
-                                 "per bucket are not built yet); run.regime=eager runs it there")
+            raise SpecbenchError(f"run.regime=compiled runs a target on one CPU or one CUDA GPU, not on {where} "
+                                 "(a graph per bucket spans one device); run.regime=eager runs it there")
+        if graphs is None and self.device.type == "cuda":
+            graphs = CudaGraphs(self.device)
+        if mode == NO_COMPILE and graphs is None:
+            raise SpecbenchError(f"run.compile_mode={NO_COMPILE} captures the eager kernels in CUDA graphs, which a "
+                                 "CPU has not; on a CPU choose default or max-autotune-no-cudagraphs")
+        self.graphs = graphs
         if not compilable_transformers():
             import transformers
 
@@ -165,6 +178,8 @@ class CompiledTarget(TransformersTarget):
         self._eager_passes: dict[tuple[int, ...], Callable] = {}
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (bucket, layers) compiled over this cache
         self._frozen = False  # after prepare: a pass that would compile is refused
+        self._captured: dict[tuple[int, tuple[int, ...]], Captured] = {}  # on a GPU: each shape's graph
+        self.graph_memory_bytes: int | None = None  # what capturing took on the device
         self._static: StaticTreeCache | None = None
         _configure_compiler()
 
@@ -184,10 +199,17 @@ class CompiledTarget(TransformersTarget):
         self._ensure_capacity(longest_sequence)
         shapes = [(bucket, tuple(layers)) for layers in dict.fromkeys(map(tuple, hidden_layers))
                   for bucket in self.buckets]
-        log.info("run.regime=compiled: compiling %d pass shapes (%s tokens) for a cache of %d tokens: on 2 CPU cores "
-                 "about half a minute each for a 135M model the first time (%s mode), seconds once %s holds them",
-                 len(shapes), ",".join(map(str, self.buckets)), self.capacity, self.mode,
-                 os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        if self.graphs is None:
+            log.info("run.regime=compiled: compiling %d pass shapes (%s tokens) for a cache of %d tokens: on 2 CPU "
+                     "cores about half a minute each for a 135M model the first time (%s mode), seconds once %s holds "
+                     "them", len(shapes), ",".join(map(str, self.buckets)), self.capacity, self.mode,
+                     os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        else:
+            log.info("run.regime=compiled: capturing %d pass shapes (%s tokens) as CUDA graphs over a cache of %d "
+                     "tokens (%s): %s", len(shapes), ",".join(map(str, self.buckets)), self.capacity,
+                     "the eager kernels" if self.mode == NO_COMPILE else f"torch.compile's {self.mode} mode inside",
+                     "seconds each" if self.mode == NO_COMPILE else "a minute or more each the first time, "
+                     f"seconds once {os.environ['TORCHINDUCTOR_CACHE_DIR']} holds them")
         self._compile(shapes, progress)
         self._frozen = True
 
@@ -220,6 +242,7 @@ class CompiledTarget(TransformersTarget):
             self._cache = self._static
             self._passes.clear()
             self._eager_passes.clear()
+            self._captured.clear()  # their addresses were the old buffers'
             self._shapes.clear()
             self._static.attend(1)
             self._eager_pass(())(*self._tensors(np.zeros(1, np.int64), np.zeros(1, np.int64),
@@ -251,7 +274,7 @@ class CompiledTarget(TransformersTarget):
             raise SpecbenchError(f"a pass at position {inputs.start} of {bucket} tokens overruns the compiled "
                                  f"target's cache of {self.capacity}: start() was asked for too little")
         self._static.set_length(inputs.start)
-        self._static.attend(inputs.start + bucket)
+        self._static.attend(self._attended(inputs.start + bucket))
         tensors = self._tensors(*padded_inputs(inputs, bucket))
         logits, hidden = self._run(bucket, self._hidden_layers, tensors)
         self._static.set_length(inputs.start + size)
@@ -263,7 +286,14 @@ class CompiledTarget(TransformersTarget):
                 self._upload_to(np.asarray(positions, np.int64), self.input_device, "positions").unsqueeze(0),
                 self._upload_to(np.asarray(visible, bool), self.input_device, "visible"))
 
+    def _attended(self, filled: int) -> int:
+        """The columns a pass attends over when ``filled`` of them are written: just those for inductor's graphs
+        (their column count is dynamic), the whole buffer for a captured graph (which has one shape)."""
+        return self.capacity if self.graphs is not None else filled
+
     def _run(self, bucket: int, layers: tuple[int, ...], tensors):
+        if self.graphs is not None:
+            return self._replay(bucket, layers, tensors)
         compiled = self._compiled_pass(layers)
         if not self._frozen:
             self._shapes.add((bucket, layers))
@@ -281,6 +311,41 @@ class CompiledTarget(TransformersTarget):
             raise CompileFailed(f"a pass of {bucket} tokens{_with_layers(layers)} needed a new compile after the "
                                 f"warm-up ({_first_line(error)}); a compiled run never times a compile: please "
                                 "report it") from None
+
+    def _replay(self, bucket: int, layers: tuple[int, ...], tensors):
+        if (bucket, layers) not in self._captured:
+            raise CompileFailed(f"a pass of {bucket} tokens{_with_layers(layers)} was not captured in the warm-up; "
+                                "please report it")
+        logits, hidden = self._captured[bucket, layers].replay(*tensors)
+        return logits, None if hidden is None else hidden.clone()  # the drafter reads it after the next replay
+
+    def captured_passes(self) -> list[Captured]:
+        """The captured graph of each prepared shape (none on a CPU), for the GPU check's replays."""
+        return list(self._captured.values())
+
+    def _capture(self, bucket: int, layers: tuple[int, ...], tensors) -> None:
+        """Capture the pass of (bucket, layers) over the graph's own copies of ``tensors``."""
+        run = self._eager_pass(layers) if self.mode == NO_COMPILE else self._compiled_pass(layers)
+
+        def folded(*inputs):
+            with self._folded_attention():
+                return run(*inputs)
+
+        inputs = tuple(tensor.clone() for tensor in tensors)
+        try:
+            self._captured[bucket, layers] = _compiling(lambda: self.graphs.capture(folded, inputs), self.model)
+        except torch.OutOfMemoryError as error:
+            raise CompileFailed(f"run.regime=compiled: out of GPU memory capturing the pass of {bucket} tokens "
+                                f"({_first_line(error)}); fewer or smaller run.compile_buckets, or a shorter "
+                                "sequence (run.max_new_tokens), need less") from None
+        except RuntimeError as error:
+            if "captur" not in str(error).lower():
+                raise
+            name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
+            raise CompileFailed(f"run.regime=compiled: {name}'s pass of {bucket} tokens cannot be captured in a CUDA "
+                                f"graph ({_first_line(error)}): something in it waits for the host; run.regime=eager "
+                                "runs it") from None
+        self._shapes.add((bucket, layers))
 
     @contextlib.contextmanager
     def _folded_attention(self):
@@ -308,6 +373,7 @@ class CompiledTarget(TransformersTarget):
                         "set aside as %s and every pass shape compiles again from nothing", failure.cause, aside)
             torch._dynamo.reset()  # forget what was compiled from the old cache, and the failure
             self._passes.clear()
+            self._captured.clear()
             self._shapes.clear()
             try:
                 self._compile_shapes(shapes, progress)
@@ -317,21 +383,30 @@ class CompiledTarget(TransformersTarget):
 
     def _compile_shapes(self, shapes: list[tuple[int, tuple[int, ...]]], progress) -> None:
         """One dummy pass per (bucket, layers) shape, over position 1 of the cache, which compiles it."""
-        bar = progress(shapes, desc="compiling the target's passes", unit="shape") if progress else shapes
+        if self.graphs is not None:  # the largest first: the smaller ones' temporaries fit in the memory it took
+            shapes = sorted(shapes, key=lambda shape: -shape[0])
+        what = "capturing the target's passes" if self.graphs is not None else "compiling the target's passes"
+        bar = progress(shapes, desc=what, unit="shape") if progress else shapes
         with torch.inference_mode():
             for bucket, layers in bar:
                 began = time.perf_counter()
                 self._static.set_length(1)
-                self._static.attend(1 + bucket)
+                self._static.attend(self._attended(1 + bucket))
                 inputs = VerifyInputs(tokens=np.zeros(bucket, np.int64), positions=np.arange(1, bucket + 1),
                                       visible=np.tril(np.ones((bucket, bucket), dtype=bool)), start=1)
                 hits = _cache_hits()
-                self._run(bucket, layers, self._tensors(*padded_inputs(inputs, bucket)))
+                tensors = self._tensors(*padded_inputs(inputs, bucket))
+                if self.graphs is not None:
+                    self._capture(bucket, layers, tensors)
+                else:
+                    self._run(bucket, layers, tensors)
                 shape = f"{bucket}{_with_layers(layers)}"
                 self.compile_seconds[shape] = round(time.perf_counter() - began, 2)
                 if _cache_hits() > hits:
                     self.shapes_from_cache.add(shape)
             self._static.set_length(0)
+        if self.graphs is not None:
+            self.graph_memory_bytes = self.graphs.memory_bytes()
 
     def _compiled_pass(self, layers: tuple[int, ...]) -> Callable:
         if layers not in self._passes:
