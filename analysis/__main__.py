@@ -8,11 +8,17 @@
     python -m analysis report runs/ --out report.html      # one offline HTML page with all of it
     python -m analysis tables runs/ --spec-bench method.jsonl baseline.jsonl vicuna-7b eagle
     python -m analysis compare runs/ --published spec-bench  # measured MAT and speedup beside published ones
+    python -m analysis project runs/pld --curve gpu_check_6.json   # the run's steps through a GPU's verify curve
 
 compare's --published is a source id of specbench/data/published_results.csv (spec-bench, hd, recycling, samd,
 dsd), "all", or a CSV file of the same columns; --published-model MODEL keeps that model's tables (by default
 the run's own model's where published, else all); --task TASK (repeatable) keeps those tasks (and "overall");
 --figure PATH also draws measured vs published MAT as a PNG.
+
+project puts each run's steps through another device's verify curve (--curve: the --out JSON of
+scripts/gpu_check.py --rows 6, or a run's verify_latency.json; --mode: which of the check's curves, by default its
+fastest compiled one) with the throughput model: the method's and AR's tokens/s and the speedup there
+(analysis/projection.py says what is assumed).
 
 RUNS are run directories or folders holding them (a multirun's sweep folder, or runs/). --spec-bench adds
 Spec-Bench's own model_answer files (a method's and its baseline's, with a model and method name).
@@ -67,7 +73,8 @@ from analysis.figures import make_all  # noqa: E402
 from analysis.load import has_load, load_table, render_load  # noqa: E402
 from analysis.published import of_model, select_published  # noqa: E402
 from analysis.report import build_report  # noqa: E402
-from analysis.runs import load_runs, read_spec_bench, untrusted_runs  # noqa: E402
+from analysis.projection import projection_table, projection_text, read_curve  # noqa: E402
+from analysis.runs import load_runs, read_spec_bench, read_summary, timed_steps, untrusted_runs  # noqa: E402
 from analysis.tables import (acceptance_table, leaderboard, leave_out_stalled, render, render_acceptance,  # noqa: E402
                              render_notice)
 from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirements_text,  # noqa: E402
@@ -189,7 +196,7 @@ class _MessageFormat(logging.Formatter):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("tables", "throughput", "figures", "report", "compare"))
+    parser.add_argument("command", choices=("tables", "throughput", "figures", "report", "compare", "project"))
     parser.add_argument("runs", nargs="*", help="run directories or folders holding them (default: runs, unless "
                         "--spec-bench files are given)")
     parser.add_argument("--format", choices=("md", "latex", "csv"), default="md", help="for tables")
@@ -209,6 +216,10 @@ def main(argv=None) -> None:
                         help="for compare: only this task (repeatable)")
     parser.add_argument("--figure", default=None, metavar="PATH", help="for compare: also draw measured vs "
                         "published MAT as a PNG at PATH")
+    parser.add_argument("--curve", default=None, metavar="JSON", help="for project: a gpu_check --out file with row "
+                        "6's curves, or a run's verify_latency.json")
+    parser.add_argument("--mode", default=None, help="for project: which curve of the gpu_check file (eager, none, "
+                        "default, ...); default its fastest compiled one")
     parser.add_argument("--leave-out-stalled", action="store_true", help="for tables, report and compare: leave "
                         "out the questions whose stalled steps lost a material share of their time (run.stall_share; "
                         "docs/measurement.md), saying how many and which; by default they are kept and marked")
@@ -248,6 +259,10 @@ def run_command(args: argparse.Namespace) -> None:
     if args.command == "compare" and args.figure:
         check_out(args.figure, "file")
     published = of_model(select_published(args.published), args.published_model) if args.command == "compare" else None
+    if (args.command == "project") != (args.curve is not None):
+        raise SpecbenchError("project needs --curve (a gpu_check --out file or a verify_latency.json)"
+                             if args.command == "project" else f"--curve is for project, not {args.command}")
+    curve = read_curve(args.curve, args.mode) if args.command == "project" else None
     # The leaderboard and compare need no steps (no warnings about them); the acceptance table reads the draft
     # depths of runs whose records lack them from their steps.
     needs_steps = args.command not in ("tables", "compare") or (args.command == "tables"
@@ -255,7 +270,7 @@ def run_command(args: argparse.Namespace) -> None:
                                                                and args.format != "csv")
     # Only these analyse step times, so only they say which runs are left out for having none.
     loaded = load_runs(args.runs, with_steps=needs_steps,
-                       step_times=args.command in ("throughput", "figures", "report"))
+                       step_times=args.command in ("throughput", "figures", "report", "project"))
     questions = loaded.questions
     extra = [read_spec_bench(*files) for files in args.spec_bench]
     questions = pd.concat([questions, *extra], ignore_index=True) if extra else questions
@@ -296,6 +311,8 @@ def run_command(args: argparse.Namespace) -> None:
             print(path)
         for reason in skipped:
             print(f"skipped: {reason}", file=sys.stderr)
+    elif args.command == "project":
+        print_projection(questions, timed_steps(steps), curve)
     elif args.command == "compare":
         print_compare(questions, published, args.figure, args.task)
         if notice:
@@ -304,6 +321,20 @@ def run_command(args: argparse.Namespace) -> None:
         with writing(Path(out)):
             print(build_report(questions, steps, Path(out), problems=loaded.problems, load=loaded.load,
                                stalls_left_out=notice))
+
+
+def print_projection(questions: pd.DataFrame, steps: pd.DataFrame, curve) -> None:
+    """``analysis.projection``'s table for the runs with per-step times, each run's model size read from its
+    summary (to warn when the curve's model is of another shape)."""
+    if steps.empty:
+        raise SpecbenchError("no run with per-step times to project (runs without them are named above)")
+    sizes = {}
+    for run_dir in steps.run_dir.unique():
+        try:
+            sizes[run_dir] = (read_summary(Path(run_dir)).get("cost_curve") or {}).get("bytes_per_pass")
+        except Exception:  # noqa: BLE001 - the size only feeds a warning; load_runs already read this summary
+            sizes[run_dir] = None
+    print(projection_text(projection_table(steps, questions, curve, sizes), curve))
 
 
 def without_stalled(questions: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
