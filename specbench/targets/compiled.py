@@ -293,6 +293,8 @@ class CompiledTarget(TransformersTarget):
 
     def _run(self, bucket: int, layers: tuple[int, ...], tensors):
         if self.graphs is not None:
+            if not self._frozen and (bucket, layers) not in self._captured:  # before prepare: captured on first use
+                self._capture(bucket, layers, tensors)
             return self._replay(bucket, layers, tensors)
         compiled = self._compiled_pass(layers)
         if not self._frozen:
