@@ -401,3 +401,15 @@ def test_compile_mode_none_is_for_cuda_graphs_and_refused_on_a_cpu(tiny):
     message = refusal(CompiledTarget, aten_twin(tiny).weights.module, mode="none")
     assert message == ("run.compile_mode=none captures the eager kernels in CUDA graphs, which a CPU has not; on a "
                        "CPU choose default or max-autotune-no-cudagraphs")
+
+
+@needs_compilable
+def test_a_shape_with_hidden_states_compiles_on_a_model_that_never_ran_eagerly_with_them():
+    """transformers (5.x) installs its hidden-state recording hooks under a lock on the first pass that asks for
+    them, which dynamo cannot trace: prepare runs that pass eagerly first (an EAGLE-3 run failed without it)."""
+    from specbench.testing import tiny_random
+
+    target = CompiledTarget(tiny_random(linear_backend="aten").weights.module, buckets=(1,), mode="default")
+    with torch.inference_mode():
+        target.prepare(longest_sequence=8, largest_pass=1, hidden_layers=[(1, 2)])
+    assert set(target.compile_seconds) == {"1 with the hidden states of layers 1,2"}

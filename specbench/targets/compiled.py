@@ -389,6 +389,7 @@ class CompiledTarget(TransformersTarget):
             shapes = sorted(shapes, key=lambda shape: -shape[0])
         what = "capturing the target's passes" if self.graphs is not None else "compiling the target's passes"
         bar = progress(shapes, desc=what, unit="shape") if progress else shapes
+        warmed: set[tuple[int, ...]] = set()
         with torch.inference_mode():
             for bucket, layers in bar:
                 began = time.perf_counter()
@@ -398,6 +399,11 @@ class CompiledTarget(TransformersTarget):
                                       visible=np.tril(np.ones((bucket, bucket), dtype=bool)), start=1)
                 hits = _cache_hits()
                 tensors = self._tensors(*padded_inputs(inputs, bucket))
+                if layers and layers not in warmed:
+                    # transformers installs its hidden-state hooks under a threading lock on the first pass that
+                    # asks for them, which dynamo cannot trace: that first pass runs eagerly, here
+                    self._eager_pass(layers)(*tensors)
+                    warmed.add(layers)
                 if self.graphs is not None:
                     self._capture(bucket, layers, tensors)
                 else:
