@@ -345,3 +345,18 @@ def test_the_documented_gpu_commands_use_python3_and_write_under_out():
         for command in commands:
             assert not re.search(r"(^|\s)(python|pip)\s", command.replace("-m pip", "")), (where, command)
         assert any('--out "$OUT/' in command or '--out "\\$OUT/' in command for command in commands), where
+
+
+def test_row_6_under_a_transformers_before_the_compiled_regimes_floor_is_one_skip_naming_the_bundle(monkeypatch):
+    """The GPU image's transformers (5.17) cannot run the compiled regime: row 6 says so in one SKIP row, pointing
+    at the bundle's newer transformers, instead of failing every measurement after it."""
+    import torch
+    import transformers
+
+    from specbench.compiled_check import compiled_rows
+    from specbench.device_check import Check
+
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    rows = compiled_rows(Check(torch.device("cpu"), quick=True))
+    assert [(row.name, row.status) for row in rows] == [("6 compiled regime", "SKIP")]
+    assert "transformers 5.17.0 is before 5.24" in rows[0].detail and "scripts/gpu_bundle.sh" in rows[0].detail

@@ -22,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
 # The GPU check's lossless row decodes its reference with the plain module, the oracle the loop is checked against
 # (as tests/ do through the test kit).
 MAY_READ_THE_MODULE = ("targets/", "models/loaded.py", "models/hub.py", "models/gguf.py", "models/tiny.py",
-                       "models/placement.py", "artefacts/gguf_conversion.py", "device_check.py")
+                       "models/placement.py", "artefacts/gguf_conversion.py", "device_check.py",
+                       "compiled_check.py")
 # A transformers module reached through a loaded model or a target: LoadedModel.model / .backend (gone), a
 # module's config, embeddings, output layer, generate or hidden states, and the backend's own attribute.
 MODULE_ACCESS = re.compile(r"\b(?:target|loaded|model|teacher|self\.target)\.(?:model|backend)\b"
