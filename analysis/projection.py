@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.throughput import latency_lookup, predicted_rate
+from analysis.throughput import latency_lookup
 from specbench.errors import SpecbenchError
 
 log = logging.getLogger("analysis.projection")
@@ -113,8 +113,7 @@ def project_question(steps: pd.DataFrame, curve: Curve) -> dict:
     target = curve.target_seconds(decode.verify_tokens)
     return {"tokens": tokens, "steps": len(decode), "target_s": float(target.sum()),
             "host_s": float((decode.draft_s + decode.overhead_s).sum()),
-            "ar_s": tokens * float(curve.seconds[1]), "predicted_tps": predicted_rate(decode, target)
-            if len(decode) else float("nan")}
+            "ar_s": tokens * float(curve.seconds[1])}
 
 
 def project_run(steps: pd.DataFrame, curve: Curve) -> dict:

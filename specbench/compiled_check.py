@@ -111,6 +111,7 @@ def tokens_verdict(check, model, targets, context) -> tuple[str, str, dict]:
     prompt = dc.random_prompt(96, 4) * 3  # repeats give PLD something to match
     new_tokens = 32 if check.quick else 64
     found, violations = [], []
+    made = {"ar": dc.no_draft, "pld": dc.make_pld, "recycling": lambda: dc.make_recycling(model)}
     for mode, target in targets.items():
         if mode == "eager":
             continue
@@ -118,7 +119,6 @@ def tokens_verdict(check, model, targets, context) -> tuple[str, str, dict]:
         names = ["ar", "pld"] + (["recycling"] if largest > 80 else [])
         kinds = {"identical": 0, "near_tie": 0, "violation": 0}
         for name in names:
-            made = {"ar": dc.no_draft, "pld": dc.make_pld, "recycling": lambda: dc.make_recycling(model)}
             eager = dc.decoder(model.target).generate(prompt, made[name](), new_tokens)
             compiled = dc.decoder(target, max_draft_tokens=min(96, largest - 1)).generate(prompt, made[name](),
                                                                                         new_tokens)

@@ -25,6 +25,8 @@ CALIBRATION_SIZES = [*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128]
 REGIMES = ("eager", "compiled")
 COMPILE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "none")
+NO_COMPILE_ON_A_CPU = ("run.compile_mode=none captures the eager kernels in CUDA graphs, which a CPU has not; on a CPU "
+                       "choose default or max-autotune-no-cudagraphs")
 # torch's generators take seeds up to 2**64 - 1 and raise on larger ones ("Overflow when unpacking long long").
 MAX_SEED = 2**64 - 1
 # Sampling divides float32 logits by the temperature: below about 1e-37 the quotient overflows to inf and the
@@ -155,8 +157,7 @@ class RunSettings:
                                  f"{self.max_draft_tokens} makes passes of up to {self.max_draft_tokens + 1}: add a "
                                  f"bucket of at least {self.max_draft_tokens + 1} or lower run.max_draft_tokens")
         if self.compile_mode == "none" and str(self.device).startswith("cpu"):
-            raise SpecbenchError("run.compile_mode=none captures the eager kernels in CUDA graphs, which a CPU has "
-                                 "not; on a CPU choose default or max-autotune-no-cudagraphs")
+            raise SpecbenchError(NO_COMPILE_ON_A_CPU)
         if self.linear_backend == "onednn":
             raise SpecbenchError("run.linear_backend=onednn cannot run under run.regime=compiled: torch.compile "
                                  "cannot trace oneDNN's packed layers and packs the weights itself; choose auto or "

@@ -107,14 +107,19 @@ LONG_OVER_THE_REFERENCE = {"test_every_configured_drafter_matches_greedy_decodin
                            "test_every_configured_drafter_matches_greedy_decoding_on_the_other_architectures"}
 
 
-def over_the_reference_only_with_slow(item) -> bool:
-    """Whether ``item`` is a long contract test run over the reference Target outside the default suite's set."""
+def long_variant_over(item, kind: str) -> bool:
+    """Whether ``item`` is a long contract test over the Target ``kind`` outside the set the reference Target runs
+    in the default suite (REFERENCE_IN_THE_DEFAULT_SUITE)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if item.originalname not in LONG_OVER_THE_REFERENCE or "reference" not in (params.get("each_target"),
-                                                                                params.get("kind")):
+    if item.originalname not in LONG_OVER_THE_REFERENCE or kind not in (params.get("each_target"), params.get("kind")):
         return False
     kept = REFERENCE_IN_THE_DEFAULT_SUITE.get(item.originalname)
     return kept is None or any(params.get(key) != value for key, value in kept.items())
+
+
+def over_the_reference_only_with_slow(item) -> bool:
+    """Whether ``item`` is a long contract test run over the reference Target outside the default suite's set."""
+    return long_variant_over(item, "reference")
 
 
 def over_the_compiled_target(item) -> bool:
@@ -130,12 +135,7 @@ def long_over_the_graphs_stand_in(item) -> bool:
     (which every variant checks) and what it adds, inputs copied into captured tensors and outputs overwritten by
     the next replay, every drafter at 64 tokens and every scripted contract test already exercise (the whole set
     took over 25 minutes on 2 cores)."""
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if item.originalname not in LONG_OVER_THE_REFERENCE or "graphs" not in (params.get("each_target"),
-                                                                             params.get("kind")):
-        return False
-    kept = REFERENCE_IN_THE_DEFAULT_SUITE.get(item.originalname)
-    return kept is None or any(params.get(key) != value for key, value in kept.items())
+    return long_variant_over(item, "graphs")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
@@ -143,7 +143,8 @@ def pytest_collection_modifyitems(config, items):
     left_out = [item for item in items if long_over_the_graphs_stand_in(item)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if not long_over_the_graphs_stand_in(item)]
+        dropped = set(map(id, left_out))
+        items[:] = [item for item in items if id(item) not in dropped]
     for item in items:
         if over_the_reference_only_with_slow(item) or over_the_compiled_target(item):
             item.add_marker(pytest.mark.slow)

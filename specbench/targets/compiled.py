@@ -45,7 +45,7 @@ import torch
 
 from specbench.decoding.target import TargetChoices, VerifyInputs
 from specbench.errors import SpecbenchError
-from specbench.settings import COMPILE_BUCKETS, COMPILE_MODES, check_compile_buckets
+from specbench.settings import COMPILE_BUCKETS, COMPILE_MODES, NO_COMPILE_ON_A_CPU, check_compile_buckets
 from specbench.targets.graphs import Captured, CudaGraphs
 from specbench.targets.kernels import OneDNNLinear
 from specbench.targets.static_cache import StaticTreeCache
@@ -157,8 +157,7 @@ class CompiledTarget(TransformersTarget):
         if graphs is None and self.device.type == "cuda":
             graphs = CudaGraphs(self.device)
         if mode == NO_COMPILE and graphs is None:
-            raise SpecbenchError(f"run.compile_mode={NO_COMPILE} captures the eager kernels in CUDA graphs, which a "
-                                 "CPU has not; on a CPU choose default or max-autotune-no-cudagraphs")
+            raise SpecbenchError(NO_COMPILE_ON_A_CPU)
         self.graphs = graphs
         if not compilable_transformers():
             import transformers
