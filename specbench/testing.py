@@ -226,6 +226,10 @@ class CountingTarget(Target):
         self._pass()
         return self.inner.verify(inputs, n_nodes, top_k)
 
+    def skipping_pass(self, tokens: np.ndarray, skip, after: int | None = None) -> torch.Tensor:
+        self._pass()
+        return self.inner.skipping_pass(tokens, skip, after)
+
     def keep(self, start: int, nodes: list[int]) -> None:
         self.inner.keep(start, nodes)
 

@@ -3,6 +3,7 @@
 A drafter is prepared once for a target model, then lives through one question at a time:
 
     prepare(target, sampling)       load what it needs for this target and sampling configuration
+    decodes_with(target)            a new decode: the Target the loop verifies with (for self-drafting)
     seed_draws(decode_seed)         a new decode: the seed every random draw of this decode comes from
     begin(prompt_ids)               a new question: reset per-question state
     propose(context_ids) -> Draft   candidate tokens for the next step (may be empty)
@@ -159,6 +160,11 @@ class Drafter(ABC):
         plans and builds ahead of time; builds nothing. ``prepare`` loads exactly these (``artefacts.base.fetch``),
         so the plan and the run cannot disagree. [] for a drafter that needs none."""
         return []
+
+    def decodes_with(self, target) -> None:
+        """Called before every decode with the ``Target`` the loop verifies with: a drafter that drafts with the
+        target's own layers (``Target.skipping_pass``: Draft & Verify, SWIFT) runs its passes there, on the
+        sequence's own cache; every other drafter ignores it."""
 
     def seed_draws(self, decode_seed: int) -> None:
         """Called before ``begin`` of every decode with a seed of that decode's own: a drafter that draws random

@@ -239,6 +239,7 @@ class Decoder:
         decode_seed = self.sampling.seed if seed is None else seed
         generator = torch.Generator(device=self.target.device)
         generator.manual_seed(decode_seed)
+        drafter.decodes_with(self.target)
         drafter.seed_draws(drafter_seed(decode_seed))
         self._drafter_top_k = max(self.target_top_k, int(drafter.target_top_k))
         self._read_k = max(self.top_k, self._drafter_top_k)

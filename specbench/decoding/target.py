@@ -45,6 +45,37 @@ class VerifyInputs:
     start: int
 
 
+@dataclass(frozen=True)
+class LayerSkip:
+    """The sublayers of the target a self-speculative draft leaves out (Draft & Verify, SWIFT): ``attention`` and
+    ``mlp``, sets of decoder-layer indices from 0. A skipped sublayer adds nothing to the residual stream: the
+    layer's input passes through it unchanged."""
+
+    attention: frozenset[int]
+    mlp: frozenset[int]
+
+    def __post_init__(self):
+        object.__setattr__(self, "attention", frozenset(int(i) for i in self.attention))
+        object.__setattr__(self, "mlp", frozenset(int(i) for i in self.mlp))
+
+    def __len__(self) -> int:
+        return len(self.attention) + len(self.mlp)
+
+    def checked(self, num_layers: int, what: str) -> LayerSkip:
+        """This skip set, refused in one line (naming ``what``: where it came from) when an index is not a layer of
+        a ``num_layers``-layer target, or when it leaves out every sublayer."""
+        from specbench.errors import SpecbenchError
+
+        outside = sorted(i for i in self.attention | self.mlp if not 0 <= i < num_layers)
+        if outside:
+            raise SpecbenchError(f"{what} skips layer(s) {outside[:5]} of a target with layers 0..{num_layers - 1}: "
+                                 "it was made for another model")
+        if len(self) >= 2 * num_layers:
+            raise SpecbenchError(f"{what} skips every one of the target's {2 * num_layers} sublayers: its draft "
+                                 "would read nothing but the embeddings")
+        return self
+
+
 class Target(ABC):
     """A target model decoding one sequence at a time.
 
@@ -110,6 +141,21 @@ class Target(ABC):
     def upload(self, array: np.ndarray, role: str = "upload") -> torch.Tensor:
         """``array`` on the logits' device, without blocking the host where the device allows it; ``role`` names
         the upload, so that two uploads of one step never share a staging buffer."""
+
+    def skipping_pass(self, tokens: np.ndarray, skip: LayerSkip, after: int | None = None) -> torch.Tensor:
+        """[len(tokens), vocab] the logits of a chain pass over ``tokens`` ([q] int64) written into the cache from
+        ``length`` on, with the sublayers of ``skip`` left out: self-speculative drafting (Draft & Verify, SWIFT),
+        the target's own layers over its own cache. The pass's entries stay, valid only for more passes with the
+        same ``skip`` (a skipped attention's are placeholders), until the drafter ``truncate``s back to where its
+        first pass began, as it must before the loop's next ``verify``, which recomputes every layer.
+
+        after: the tokens continue the first ``after`` cached positions instead of all of them (they see only those
+        and sit at positions ``after``, ``after + 1``, ...): SWIFT scores a skip set on the answer so far read
+        again right after the prompt, on the prompt's entries alone. None: after everything cached."""
+        from specbench.errors import SpecbenchError
+
+        raise SpecbenchError(f"the {type(self).__name__} target cannot run a pass with layers skipped, which "
+                             "self-speculative drafters (drafter=self-spec, swift) draft with")
 
     def request_hidden_states(self, layers: tuple[int, ...]) -> None:
         """From the next pass on, keep the hidden states of ``layers`` (0 = the embeddings' output, i = after

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specbench.decoding.target import TargetChoices, VerifyInputs
+from specbench.decoding.target import LayerSkip, TargetChoices, VerifyInputs
 from specbench.errors import SpecbenchError
 from specbench.settings import COMPILE_BUCKETS, COMPILE_MODES, NO_COMPILE_ON_A_CPU, check_compile_buckets
 from specbench.targets.graphs import Captured, CudaGraphs
@@ -279,6 +279,27 @@ class CompiledTarget(TransformersTarget):
         self._static.set_length(inputs.start + size)
         self._hidden = None if hidden is None else hidden[:, :size]
         return self._choices(logits[:n_nodes], top_k)
+
+    def skipping_pass(self, tokens: np.ndarray, skip: LayerSkip, after: int | None = None) -> torch.Tensor:
+        """Eager, as the prefill: a draft's passes grow one token at a time and leave sublayers out, shapes no
+        compiled graph has; the compiled passes stay the verifications'. A skipped attention writes nothing, and
+        the fixed buffers need no placeholder (one length for every layer)."""
+        from specbench.targets.layer_skip import skipped_sublayers, skipping_mask
+
+        size, start = tokens.size, self.length
+        first = start if after is None else after
+        if start + size > self.capacity:
+            raise SpecbenchError(f"a draft pass at position {start} of {size} tokens overruns the compiled target's "
+                                 f"cache of {self.capacity}: start() was asked for too little")
+        self._static.set_length(start)
+        self._static.attend(start + size)
+        input_ids, position_ids, _ = self._tensors(tokens, np.arange(first, first + size), np.ones((1, 1), bool))
+        mask = self._upload_to(skipping_mask(start, size, first), self.input_device, "skip_mask")[None, None]
+        with skipped_sublayers(self.model, skip):
+            output = forward_with_cache(self.model, self._static, self._keyword, input_ids=input_ids,
+                                        position_ids=position_ids, attention_mask=mask)
+        self._static.set_length(start + size)
+        return output.logits[0]
 
     def _tensors(self, tokens: np.ndarray, positions: np.ndarray, visible: np.ndarray):
         return (self._upload_to(np.asarray(tokens, np.int64), self.input_device, "tokens").unsqueeze(0),

@@ -54,6 +54,19 @@ class _GrowingLayer(DynamicLayer):
         self.values = self._value_buffer[..., :end, :]
         return self.keys, self.values
 
+    def advance(self, count: int) -> None:
+        """``count`` more entries whose values are left as they are: a skipped layer's placeholders in a
+        self-speculative draft (``targets.layer_skip``), which nothing reads before they are cut off."""
+        end = self.length + count
+        if not self.is_initialized:  # a draft before anything was cached: the buffers come with the first write
+            self.length = end
+            return
+        if end > self._key_buffer.shape[-2]:
+            self._grow(end)
+        self.length = end
+        self.keys = self._key_buffer[..., :end, :]
+        self.values = self._value_buffer[..., :end, :]
+
     def get_seq_length(self) -> int:
         return self.length
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specbench.decoding.target import Target, TargetChoices, VerifyInputs
+from specbench.decoding.target import LayerSkip, Target, TargetChoices, VerifyInputs
 from specbench.errors import SpecbenchError
 from specbench.targets.transformers import NonFiniteLogits, model_devices
 
@@ -47,6 +47,7 @@ class ReferenceTarget(Target):
         self._tokens: np.ndarray | None = None  # [length] int64: what a KV cache would hold
         self._hidden_layers: tuple[int, ...] = ()
         self._hidden: torch.Tensor | None = None  # [len(layers), rows of the last pass, hidden]
+        self._draft_from: int | None = None  # where the skipping passes since the last cache edit began
 
     def start(self, capacity: int) -> None:
         self.release()
@@ -55,17 +56,55 @@ class ReferenceTarget(Target):
     def release(self) -> None:
         self._tokens = None
         self._hidden = None
+        self._draft_from = None
 
     @property
     def length(self) -> int:
         return 0 if self._tokens is None else int(self._tokens.size)
 
     def keep(self, start: int, nodes: list[int]) -> None:
+        self._draft_from = None
         pass_tokens = self._tokens[start:]
         self._tokens = np.concatenate([self._tokens[:start], pass_tokens[np.asarray(nodes, dtype=np.int64)]])
 
     def truncate(self, length: int) -> None:
         self._tokens = self._tokens[:length]
+        if self._draft_from is not None:
+            if length <= self._draft_from:
+                self._draft_from = None
+            else:  # the passes cut off are forgotten with their rows
+                kept = [(row, rows[: length - row]) for row, rows in self._draft_masks if row < length]
+                self._draft_positions = [positions[: rows.shape[0]]
+                                         for positions, (_, rows) in zip(self._draft_positions, kept)]
+                self._draft_masks = kept
+
+    def skipping_pass(self, tokens: np.ndarray, skip: LayerSkip, after: int | None = None) -> torch.Tensor:
+        """The same pass without a cache: one full forward over the kept tokens and every token the skipping
+        passes since the last cache edit wrote, whose rows (from ``_draft_from`` on) leave the sublayers of
+        ``skip`` out while the kept rows compute them all, as a cache holding them would have; each of those rows
+        sees what its pass let it see (``after``), as recorded here."""
+        from specbench.targets.layer_skip import skipped_sublayers, skipping_mask
+
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if self._draft_from is None:
+            self._draft_from = self.length
+            self._draft_masks, self._draft_positions = [], []
+        start = self.length
+        first = start if after is None else after
+        self._draft_masks.append((start, skipping_mask(start, tokens.size, first)))
+        self._draft_positions.append(np.arange(first, first + tokens.size, dtype=np.int64))
+        self._tokens = np.concatenate([self._tokens, tokens])
+        total = self._tokens.size
+        mask = np.zeros((total, total), dtype=bool)
+        mask[: self._draft_from, : self._draft_from] = np.tril(np.ones((self._draft_from,) * 2, dtype=bool))
+        for row, rows in self._draft_masks:
+            mask[row : row + rows.shape[0], : rows.shape[1]] = rows
+        positions = np.concatenate([np.arange(self._draft_from, dtype=np.int64), *self._draft_positions])
+        with skipped_sublayers(self.model, skip, skip_rows_from=self._draft_from):
+            output = self.model(input_ids=self._on_inputs(self._tokens)[None],
+                                position_ids=self._on_inputs(positions)[None],
+                                attention_mask=self._on_inputs(mask)[None, None], use_cache=False)
+        return output.logits[0, start:]
 
     def prefill(self, prompt_ids: np.ndarray, every_position: bool, top_k: int) -> TargetChoices:
         prompt_ids = np.asarray(prompt_ids, dtype=np.int64)
@@ -77,6 +116,9 @@ class ReferenceTarget(Target):
         return self._choices(logits if every_position else logits[-1:], top_k)
 
     def verify(self, inputs: VerifyInputs, n_nodes: int, top_k: int) -> TargetChoices:
+        if self._draft_from is not None:
+            raise SpecbenchError(f"a pass verified over a skipping draft's {self.length - self._draft_from} "
+                                 "entries: the drafter must truncate them first")
         if inputs.start != self.length:
             raise SpecbenchError(f"a pass written from position {inputs.start} over a sequence of {self.length} "
                                  "tokens: the loop and the target disagree about the sequence")

@@ -17,7 +17,7 @@ import inspect
 import numpy as np
 import torch
 
-from specbench.decoding.target import Target, TargetChoices, VerifyInputs
+from specbench.decoding.target import LayerSkip, Target, TargetChoices, VerifyInputs
 from specbench.errors import SpecbenchError
 from specbench.targets.kernels import OneDNNLinear
 from specbench.targets.kv_cache import TreeKVCache
@@ -170,6 +170,21 @@ class TransformersTarget(Target):
             # when the pass failed (out of memory) and the caller goes on with this target.
             self._mask[:size, inputs.start : inputs.start + size] = True
         return self._choices(output.logits[0, :n_nodes], top_k)
+
+    def skipping_pass(self, tokens: np.ndarray, skip: LayerSkip, after: int | None = None) -> torch.Tensor:
+        from specbench.targets.layer_skip import skipped_sublayers, skipping_mask
+
+        size, start = tokens.size, self.length
+        first = start if after is None else after
+        input_ids = self._upload_to(tokens, self.input_device, "skip_tokens").unsqueeze(0)
+        positions = np.arange(first, first + size, dtype=np.int64)
+        position_ids = self._upload_to(positions, self.input_device, "skip_positions").unsqueeze(0)
+        mask = self._upload_to(skipping_mask(start, size, first), self.input_device, "skip_mask")[None, None]
+        layers = self._cache.layers
+        with skipped_sublayers(self.model, skip, lambda layer, count: layers[layer].advance(count)):
+            output = forward_with_cache(self.model, self._cache, self._keyword, input_ids=input_ids,
+                                        position_ids=position_ids, attention_mask=mask)
+        return output.logits[0]
 
     def _forward(self, **inputs):
         output = forward_with_cache(self.model, self._cache, self._keyword, **inputs,
