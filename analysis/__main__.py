@@ -79,7 +79,7 @@ from analysis.tables import (acceptance_table, leaderboard, leave_out_stalled, r
                              render_notice)
 from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirements_text,  # noqa: E402
                                  token_costs)
-from specbench.questions import TASKS  # noqa: E402
+from specbench.questions import ALL_TASKS  # noqa: E402
 from specbench.results.question_keys import question_key  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.storage.refusal import storage_refusal  # noqa: E402
@@ -212,7 +212,7 @@ def main(argv=None) -> None:
                         "recycling, samd, dsd), all, or a CSV file of published numbers")
     parser.add_argument("--published-model", default=None, metavar="MODEL", help="for compare: only the published "
                         "tables of MODEL (e.g. vicuna-7b)")
-    parser.add_argument("--task", action="append", choices=(*TASKS, "overall"), default=None,
+    parser.add_argument("--task", action="append", choices=(*ALL_TASKS, "overall"), default=None,
                         help="for compare: only this task (repeatable)")
     parser.add_argument("--figure", default=None, metavar="PATH", help="for compare: also draw measured vs "
                         "published MAT as a PNG at PATH")

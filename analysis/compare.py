@@ -40,7 +40,7 @@ from analysis.figures import method_style
 from analysis.published import parse_settings
 from analysis.runs import _flatten, _text, drafter_settings, run_settings
 from analysis.tables import leaderboard
-from specbench.questions import TASKS
+from specbench.questions import ALL_TASKS, TASKS
 from specbench.errors import SpecbenchError
 from specbench.results.readers import read_json_file
 
@@ -193,7 +193,7 @@ def measured_stats(questions: pd.DataFrame) -> pd.DataFrame:
         first_run = part[part.run_dir == part.run_dir.iloc[0]]
         conditions = run_conditions(first_run.run_dir.iloc[0], part.drafter.iloc[0])
         counts = first_run.groupby("task").question_id.nunique()
-        for task in [task for task in (*TASKS, "overall") if task in counts.index or task == "overall"]:
+        for task in [task for task in (*ALL_TASKS, "overall") if task in counts.index or task == "overall"]:
             rows.append({"model": model, "label": label, "drafter": part.drafter.iloc[0], "task": task,
                          "questions": int(counts.sum()),
                          "mat": table.loc[(model, label), (task, "mat", "mean")],
@@ -323,7 +323,7 @@ def compare_table(questions: pd.DataFrame, published: pd.DataFrame) -> pd.DataFr
     order = {"label": {label: index for index, label in enumerate(dict.fromkeys(measured.label))},
              "table": {number: int(number[1:]) for number in numbers.values()},
              "method": {method: index for index, method in enumerate(dict.fromkeys(published.method))},
-             "task": {task: index for index, task in enumerate((*TASKS, "overall"))}}
+             "task": {task: index for index, task in enumerate((*ALL_TASKS, "overall"))}}
     keys = pd.DataFrame({column: table[column].map(ranks) for column, ranks in order.items()})
     return table.loc[keys.sort_values(list(order), kind="stable").index].reset_index(drop=True)
 

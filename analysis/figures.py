@@ -27,7 +27,7 @@ from analysis.load import ar_throughput, has_load, load_table
 from analysis.runs import NO_STEP_TIMES, run_settings, timed_steps
 from analysis.tables import run_task_stats
 from analysis.throughput import COST_PARTS, WAYS, deviation_summary, model_table, token_costs
-from specbench.questions import TASKS
+from specbench.questions import ALL_TASKS
 from specbench.results.readers import read_json_file
 
 DATABASES = ("context", "model", "statistics")
@@ -76,7 +76,7 @@ def _grouped_bars(ax, table: pd.DataFrame, ylabel: str, reference: float | None 
 def _per_task(questions: pd.DataFrame, stat: str) -> pd.DataFrame:
     stats = run_task_stats(questions)
     table = stats.groupby(["task", "label"])[stat].mean().unstack("label")
-    return table.reindex([t for t in (*TASKS, "overall") if t in table.index])
+    return table.reindex([t for t in (*ALL_TASKS, "overall") if t in table.index])
 
 
 def speedup_per_task(questions, out):

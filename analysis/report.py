@@ -23,7 +23,7 @@ from analysis.tables import (ACCEPTANCE_LEGEND, acceptance_cells, acceptance_hea
                              leaderboard, stall_line, stalled_mask)
 from analysis.throughput import (SHOWN_COLUMNS, deviation_summary, model_table, requirement_notes, requirements,
                                  shown_requirements, shown_token_costs, token_cost_notes, token_costs)
-from specbench.questions import TASKS
+from specbench.questions import ALL_TASKS
 from specbench.errors import SpecbenchError
 from specbench.run.locked_versions import describe as describe_lock
 
@@ -166,7 +166,7 @@ def leaderboard_section(questions: pd.DataFrame) -> str:
     """The Spec-Bench leaderboard as one table per statistic (speedup, MAT, and whatever else it holds), tasks
     as columns, then its overall counts."""
     shown = formatted(leaderboard(questions))
-    tasks = [*TASKS, "overall"]
+    tasks = [*ALL_TASKS, "overall"]
     ids = ("model", "label", "timing")
     tables, rest = split_by_part(shown, tasks, list(ids))
     headers = tuple((task, reader_name(task)) for task in tasks)

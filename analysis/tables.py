@@ -25,7 +25,7 @@ import pandas as pd
 from analysis.runs import TIMING_OK, TIMING_UNCHECKED, TIMING_UNTRUSTED, timing_flag, timing_warnings_text
 from specbench.measure import metrics
 from specbench.measure.stalls import STALLED
-from specbench.questions import TASKS
+from specbench.questions import ALL_TASKS
 
 STATS = ("speedup", "mat")
 TPOT_KEYS = ("tpot_ms", *(f"tpot_p{percentile}_ms" for percentile in metrics.TPOT_PERCENTILES))
@@ -101,7 +101,7 @@ def leaderboard(questions: pd.DataFrame) -> pd.DataFrame:
     counts (questions, identical, near_ties, violations), summed over those runs, the number of runs, and
     timing (``timing_cell``) with timing_warnings (the flagged runs and their warnings)."""
     stats = run_task_stats(questions)
-    order = [task for task in (*TASKS, "overall") if task in set(stats.task)]
+    order = [task for task in (*ALL_TASKS, "overall") if task in set(stats.task)]
     grouped = stats.groupby(["model", "label", "task"])[list(STATS)].agg(["mean", "std"])
     table = grouped.unstack("task")
     table.columns = table.columns.reorder_levels([2, 0, 1])

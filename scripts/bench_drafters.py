@@ -44,7 +44,7 @@ from analysis.tables import exactness_cell  # noqa: E402
 from analysis.throughput import token_costs  # noqa: E402
 from specbench.measure import metrics  # noqa: E402
 from specbench.config import compose  # noqa: E402
-from specbench.questions import TASKS  # noqa: E402
+from specbench.questions import ALL_TASKS  # noqa: E402
 from specbench.errors import SpecbenchError  # noqa: E402
 from specbench.results.readers import read_answers  # noqa: E402
 from specbench.runner import run_benchmark  # noqa: E402
@@ -140,7 +140,7 @@ def main() -> None:
                          "exactness": exactness})
 
     table = pd.DataFrame(rows)
-    order = [task for task in (*TASKS, "overall") if task in set(table.task)]
+    order = [task for task in (*ALL_TASKS, "overall") if task in set(table.task)]
     for measure, fmt, title in MEASURES:
         pivot = table.pivot(index="task", columns="drafter", values=measure).loc[order, methods]
         shown = pivot.map(lambda value: "-" if value is None or pd.isna(value) else fmt.format(value))

@@ -1,7 +1,9 @@
 """Benchmark questions in Spec-Bench's ``question.jsonl`` schema: {"question_id", "category", "turns"}.
 
 Spec-Bench's six tasks are MT-bench (whose eight categories all map to the task ``mt_bench``),
-translation, summarization, qa, math_reasoning and rag.
+translation, summarization, qa, math_reasoning and rag. Multilingual-SpecBench's five translation sets (De, Fr, Ja,
+Ru, Zh to English; Kthyeon/Multilingual-SpecBench ``dataset/eval/<pair>_bench/question.jsonl``) are tasks of
+their own, named by their category: deen, fren, jaen, ruen, zhen.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from pathlib import Path
 
 from specbench.errors import SpecbenchError
 
-TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")  # Spec-Bench's
+MULTILINGUAL_TASKS = ("deen", "fren", "jaen", "ruen", "zhen")  # Multilingual-SpecBench's
+ALL_TASKS = (*TASKS, *MULTILINGUAL_TASKS)
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 HUB_PREFIX = "hf:"
 SAMPLE_QUESTIONS = Path(__file__).parent / "data" / "sample_questions.jsonl"
+# specbench's own few translation questions in Multilingual-SpecBench's form, for tests and CPU runs (not its text)
+MULTILINGUAL_SAMPLE = Path(__file__).parent / "data" / "multilingual_questions.jsonl"
 QUESTION_FORMAT = ('a question file is UTF-8 JSON lines, one object per line: '
                    '{"question_id": 1, "category": "qa", "turns": ["..."]}')
 
@@ -34,7 +40,7 @@ def task_of(category: str) -> str | None:
     """Spec-Bench task of a question category, or None when the category belongs to no task."""
     if category in MT_BENCH_CATEGORIES:
         return "mt_bench"
-    return category if category in TASKS else None
+    return category if category in ALL_TASKS else None
 
 
 def parse_questions(lines, source: str) -> list[Prompt]:
@@ -73,7 +79,7 @@ def parse_questions(lines, source: str) -> list[Prompt]:
         if task is None:
             raise SpecbenchError(
                 f"{where}: category {category!r} belongs to no task; expected one of "
-                f"{', '.join(TASKS[1:])} or an MT-bench category ({', '.join(MT_BENCH_CATEGORIES)})"
+                f"{', '.join(ALL_TASKS[1:])} or an MT-bench category ({', '.join(MT_BENCH_CATEGORIES)})"
             )
         if question_id in seen:
             raise SpecbenchError(f"{where}: question_id {question_id!r} appears twice")
@@ -85,19 +91,40 @@ def parse_questions(lines, source: str) -> list[Prompt]:
 
 
 def read_questions(path: str | None) -> list[Prompt]:
-    """Questions from a local file, from a hub dataset (``hf:owner/name`` or ``hf:owner/name:file.jsonl``),
-    or, when ``path`` is None, the built-in sample set written for specbench."""
+    """Questions from a local file, from a directory (its ``question.jsonl``, else every ``*/question.jsonl`` one
+    level down, in name order: Multilingual-SpecBench's ``dataset/eval``), from a hub dataset (``hf:owner/name`` or
+    ``hf:owner/name:file.jsonl``), or, when ``path`` is None, the built-in sets written for specbench (Spec-Bench's
+    tasks and the five translation pairs)."""
     if path is not None and not isinstance(path, str):
         raise SpecbenchError(f"task.path must be a question file, hf:owner/dataset[:file.jsonl] or null, got {path!r}")
     if path is None:
-        text = SAMPLE_QUESTIONS.read_text(encoding="utf-8")
-        return parse_questions(text.splitlines(), "built-in sample set")
+        return [*parse_questions(SAMPLE_QUESTIONS.read_text(encoding="utf-8").splitlines(), "built-in sample set"),
+                *parse_questions(MULTILINGUAL_SAMPLE.read_text(encoding="utf-8").splitlines(),
+                                 "built-in multilingual set")]
     if path.startswith(HUB_PREFIX):
         path = _download_hub_questions(path[len(HUB_PREFIX):])
     file = Path(path).expanduser()
+    if file.is_dir():
+        files = [file / "question.jsonl"] if (file / "question.jsonl").is_file() else sorted(file.glob("*/question.jsonl"))
+        if not files:
+            raise SpecbenchError(f"task.path={path}: a directory with no question.jsonl in it or one level down (a "
+                                 "Spec-Bench data folder, or Multilingual-SpecBench's dataset/eval); name a question "
+                                 "file or such a directory")
+        prompts = [prompt for each in files for prompt in parse_questions(_text_lines(each), str(each))]
+        _refuse_repeated_ids(prompts, files)
+        return prompts
     if not file.is_file():
         raise SpecbenchError(f"task.path={path}: no such file")
     return parse_questions(_text_lines(file), str(file))
+
+
+def _refuse_repeated_ids(prompts: list[Prompt], files: list[Path]) -> None:
+    seen = set()
+    for prompt in prompts:
+        if prompt.question_id in seen:
+            raise SpecbenchError(f"question_id {prompt.question_id!r} appears in more than one of "
+                                 f"{', '.join(map(str, files))}: every question of a run needs its own id")
+        seen.add(prompt.question_id)
 
 
 def _text_lines(file: Path) -> list[str]:
@@ -154,10 +181,10 @@ def check_selection(tasks: list[str], limit_per_task: int | None) -> None:
     """Refuse a task selection that can select nothing, naming the key: unknown or no tasks, a limit that is
     not a positive integer (true is not 1 here)."""
     if not tasks:
-        raise SpecbenchError(f"task.tasks is empty; choose one or more of {', '.join(TASKS)}")
-    unknown = [str(task) for task in tasks if task not in TASKS]
+        raise SpecbenchError(f"task.tasks is empty; choose one or more of {', '.join(ALL_TASKS)}")
+    unknown = [str(task) for task in tasks if task not in ALL_TASKS]
     if unknown:
-        raise SpecbenchError(f"task.tasks has unknown task(s) {', '.join(unknown)}; valid: {', '.join(TASKS)}")
+        raise SpecbenchError(f"task.tasks has unknown task(s) {', '.join(unknown)}; valid: {', '.join(ALL_TASKS)}")
     if limit_per_task is not None and (not isinstance(limit_per_task, int) or isinstance(limit_per_task, bool)
                                        or limit_per_task < 1):
         raise SpecbenchError(f"task.limit_per_task must be a positive integer or null, got {limit_per_task!r}")

@@ -203,3 +203,14 @@ def test_tree_forward_scores_each_branch_like_a_plain_chain(each_target, tiny, p
         for branch, rows in ((branch_a, [0, 1, 2, 3]), (branch_b, [0, 4, 5])):
             chain = tiny.weights.module(input_ids=torch.tensor([ids + branch])).logits[0, len(ids) - 1:]
             torch.testing.assert_close(tree_logits[rows], chain, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_every_drafters_sources_are_records_the_summary_can_hold(name, tiny):
+    """summary.json's drafter_sources: each entry a JSON object (the runner logs its prompt_set), also for a drafter
+    with two models (hsddw)."""
+    import json
+
+    sources = configured_drafter(name, tiny).sources()
+    assert isinstance(sources, dict) and all(isinstance(entry, dict) for entry in sources.values()), sources
+    json.dumps(sources)

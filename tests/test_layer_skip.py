@@ -132,3 +132,13 @@ def test_a_pass_after_part_of_the_cache_is_the_pass_on_that_part_alone(kind, tin
     after_edit = target.skipping_pass(np.asarray(answer[4:], dtype=np.int64), NO_SKIP)
     torch.testing.assert_close(after_edit.float(), tiny.weights.module(input_ids=torch.tensor([prompt + answer])).logits[
         0, -2:].float(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_skip_set_written_in_a_config_is_read_or_refused_in_one_line():
+    from specbench.drafters.layer_skipping import skip_set_setting
+
+    assert skip_set_setting("skip", None) is None
+    assert skip_set_setting("skip", {"attention": [3, 1], "mlp": []}) == LayerSkip(frozenset({1, 3}), frozenset())
+    assert "drafter.skip.mlp must be a list of layer indices" in refusal(skip_set_setting, "skip",
+                                                                          {"attention": [], "mlp": [-1]})
+    assert "drafter.published_skip_sets.x must be" in refusal(skip_set_setting, "published_skip_sets.x", {"attn": []})

@@ -63,3 +63,66 @@ def test_a_utf8_file_with_a_byte_order_mark_is_read(tmp_path):
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + (json.dumps(RECORD) + "\n").encode())
     assert [prompt.question_id for prompt in read_questions(str(path))] == [1]
+
+
+def _multilingual_copy(root):
+    """Multilingual-SpecBench's dataset/eval layout: <pair>_bench/question.jsonl of {question_id, category, turns}."""
+    import json
+
+    for pair, language in (("deen", "German"), ("zhen", "Chinese")):
+        folder = root / f"{pair}_bench"
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"question_id": f"wmt_{pair}_{i}", "category": pair,
+                             "turns": [f"Translate {language} to English:sentence {i}"]}) for i in (1, 2, 3)]
+        (folder / "question.jsonl").write_text("\n".join(lines))  # no newline after the last line, as theirs
+    (root / "judge_prompts.jsonl").write_text('{"name": "pair-v2"}\n')  # beside them in dataset/eval, not questions
+
+
+def test_the_multilingual_sets_are_read_from_a_copy_of_the_repositorys_folder(tmp_path):
+    from specbench.questions import select_questions
+
+    _multilingual_copy(tmp_path)
+    prompts = read_questions(str(tmp_path))
+    assert [prompt.task for prompt in prompts] == ["deen"] * 3 + ["zhen"] * 3
+    assert [p.question_id for p in select_questions(prompts, ["zhen"], 2)] == ["wmt_zhen_1", "wmt_zhen_2"]
+    one = read_questions(str(tmp_path / "deen_bench"))  # a folder holding question.jsonl
+    assert [prompt.question_id for prompt in one] == ["wmt_deen_1", "wmt_deen_2", "wmt_deen_3"]
+
+
+def test_the_built_in_sets_hold_specbench_own_translation_questions_of_every_pair():
+    from specbench.questions import MULTILINGUAL_TASKS, select_questions
+
+    chosen = select_questions(read_questions(None), list(MULTILINGUAL_TASKS), None)
+    assert len(chosen) == 20 and {prompt.task for prompt in chosen} == set(MULTILINGUAL_TASKS)
+    assert all(prompt.turns[0].startswith("Translate ") and " to English:" in prompt.turns[0] for prompt in chosen)
+    assert len(select_questions(read_questions(None), ["qa"], None)) == 4  # Spec-Bench's set as before
+
+
+def test_a_folder_without_questions_or_with_one_id_twice_is_one_line(tmp_path):
+    from conftest import refusal
+
+    assert "no question.jsonl" in refusal(read_questions, str(tmp_path))
+    _multilingual_copy(tmp_path / "a")
+    (tmp_path / "a" / "zhen_bench" / "question.jsonl").write_text(
+        (tmp_path / "a" / "deen_bench" / "question.jsonl").read_text().replace('"deen"', '"zhen"'))
+    assert "appears in more than one" in refusal(read_questions, str(tmp_path / "a"))
+
+
+def test_a_long_context_file_in_another_format_is_refused_naming_the_format(tmp_path):
+    """A LongBench record ({"input", "context", "answers", ...}) is not a question file: one line saying what is."""
+    from conftest import refusal
+
+    path = tmp_path / "gov_report.jsonl"
+    path.write_text('{"input": "", "context": "A long report ...", "answers": ["..."], "length": 9000}\n')
+    message = refusal(read_questions, str(path))
+    assert "missing question_id, category, turns" in message and '"turns"' in message
+
+
+def test_the_multilingual_task_configs_select_the_pairs():
+    from specbench.config import compose
+    from specbench.questions import MULTILINGUAL_TASKS
+
+    assert tuple(compose(["task=multilingual"]).task.tasks) == MULTILINGUAL_TASKS
+    for pair in MULTILINGUAL_TASKS:
+        task = compose([f"task={pair}"]).task
+        assert list(task.tasks) == [pair] and task.name == pair and task.path is None

@@ -30,7 +30,7 @@ MODULE_ACCESS = re.compile(r"\b(?:target|loaded|model|teacher|self\.target)\.(?:
                            r"|\bmodel\.config\b|\.get_(?:input|output)_embeddings\("
                            r"|\bmodel\.generate\(|output_hidden_states|\.weights\.module\b")
 # The one place a drafter runs a module itself: the draft model, which is loaded as one (not the target).
-DRAFT_MODULE = ("drafters/draft_model.py", "draft, draft_name = loaded.weights.module, loaded.source")
+DRAFT_MODULE = ("drafters/draft_model.py", "return loaded.weights.module, loaded.source, loaded.checkpoint")
 
 
 def module_accesses(text: str) -> list[str]:

@@ -73,45 +73,12 @@ class DraftModel(Drafter):
         return spec
 
     def prepare(self, target, sampling: Sampling | None = None) -> None:
-        from specbench.models import load_gguf, load_pretrained
         from specbench.targets.kernels import use_linear_backend
 
-        spec = self._spec_for(target)
-        dtype = DTYPE_NAMES.get(target.dtype, "float32")
-        if "pruned" in spec:
-            from specbench.artefacts.base import fetch
-            from specbench.artefacts.pruned_draft import PrunedDraft
-
-            # Found whole (its files' checksums) or built first, through the artefact layer: a damaged draft in the
-            # cache is rebuilt, a damaged one at the user's path is refused in one line.
-            if spec.get("path"):
-                directory = Path(spec["path"]).expanduser()
-                draft = PrunedDraft(target, directory, spec["pruned"], given=True).get()
-            else:
-                cached = self._cached(target)
-                directory = cached["draft"].directory
-                draft = fetch(cached)["draft"]
-            draft.to(target.device).eval()
+        draft, draft_name, checkpoint = self._load(target, self._spec_for(target))
+        if isinstance(draft, torch.nn.Module) and self._built(self._spec_for(target)):
             use_linear_backend(draft, "auto")
-            draft_name = f"pruned {directory.name}"
-            self.draft_checkpoint = str(directory)
-        else:
-            if spec.get("gguf"):
-                loaded = load_gguf(name=f"{target.family}-{self.name}-draft", gguf_path=spec["gguf"],
-                                   device=str(target.device), dtype=dtype, prompt_format="plain",
-                                   missing_hint=spec.get("missing_hint"))
-            else:
-                loaded = load_pretrained(name=f"{self.name} draft", hub_id=spec.get("hub_id"), path=spec.get("path"),
-                                         revision=spec.get("revision"), device=str(target.device), dtype=dtype,
-                                         prompt_format="plain")
-            if loaded.tokenizer_fingerprint != target.tokenizer_fingerprint:
-                raise SpecbenchError(
-                    f"draft model {loaded.source} does not share the tokenizer of target {target.name} "
-                    f"({target.source}): their vocabularies differ, so its tokens would mean other words"
-                )
-            # the drafter runs the draft's transformers module itself, with a KV cache of its own
-            draft, draft_name = loaded.weights.module, loaded.source
-            self.draft_checkpoint = loaded.checkpoint  # where another engine (vLLM) reads the same draft
+        self.draft_checkpoint = checkpoint  # where another engine (vLLM) reads the same draft
         draft_size = parameter_count(draft)
         target_size = target.parameter_count
         if draft_size >= target_size:
@@ -128,21 +95,84 @@ class DraftModel(Drafter):
         self.device = target.device
         self.cache = None
 
+    @staticmethod
+    def _built(spec: dict) -> bool:
+        """Whether ``spec`` names a draft specbench builds (a pruned or fine-tuned copy) rather than a checkpoint."""
+        return "pruned" in spec or "finetuned" in spec
+
+    def _load(self, target, spec: dict, trainable: bool = False) -> tuple[torch.nn.Module, str, str | None]:
+        """(the draft's module on the target's device in eval mode, its name in records, its directory or hub id)
+        for ``spec``: a pruned or translation-tuned copy is found whole (its files' checksums) or built first,
+        through the artefact layer (a damaged one in the cache is rebuilt, a damaged one at the user's path refused
+        in one line); a GGUF file or a hub id or local checkpoint is loaded, its tokenizer checked against the
+        target's. A built draft comes with its linear layers as trained (``prepare`` packs them); ``trainable``: a
+        checkpoint's too (the base of a fine-tuned draft), never oneDNN's packed ones."""
+        from specbench.models import load_gguf, load_pretrained
+
+        dtype = DTYPE_NAMES.get(target.dtype, "float32")
+        backend = {"linear_backend": "aten"} if trainable else {}
+        if self._built(spec):
+            from specbench.artefacts.base import fetch
+
+            kind = "pruned" if "pruned" in spec else "finetuned"
+            if spec.get("path") and kind == "pruned":
+                from specbench.artefacts.pruned_draft import PrunedDraft
+
+                directory = Path(spec["path"]).expanduser()
+                draft = PrunedDraft(target, directory, spec["pruned"], given=True).get()
+            else:
+                cached = self._cached_for(target, spec)
+                directory = cached["draft"].directory
+                draft = fetch(cached)["draft"]
+            draft.to(target.device).eval()
+            return draft, f"{'pruned' if kind == 'pruned' else 'translation-tuned'} {directory.name}", str(directory)
+        if spec.get("gguf"):
+            loaded = load_gguf(name=f"{target.family}-{self.name}-draft", gguf_path=spec["gguf"],
+                               device=str(target.device), dtype=dtype, prompt_format="plain",
+                               missing_hint=spec.get("missing_hint"), **backend)
+        else:
+            loaded = load_pretrained(name=f"{self.name} draft", hub_id=spec.get("hub_id"), path=spec.get("path"),
+                                     revision=spec.get("revision"), device=str(target.device), dtype=dtype,
+                                     prompt_format="plain", **backend)
+        if loaded.tokenizer_fingerprint != target.tokenizer_fingerprint:
+            raise SpecbenchError(
+                f"draft model {loaded.source} does not share the tokenizer of target {target.name} "
+                f"({target.source}): their vocabularies differ, so its tokens would mean other words"
+            )
+        # the drafter runs the draft's transformers module itself, with a KV cache of its own
+        return loaded.weights.module, loaded.source, loaded.checkpoint
+
     def seed_draws(self, decode_seed: int) -> None:
         if self.draft is not None:
             self.generator.manual_seed(decode_seed)
 
     def _cached(self, target) -> dict:
-        """The pruned draft built in the cache, when the draft is one; a hub or local checkpoint is downloaded or
-        read, not built, and a pruned draft at the user's own path is the user's."""
-        from specbench.artefacts.base import prepare_command
-        from specbench.artefacts.pruned_draft import PrunedDraft, pruned_draft_directory
+        return self._cached_for(target, self._spec_for(target))
 
-        spec = self._spec_for(target)
+    def _cached_for(self, target, spec: dict) -> dict:
+        """The draft built in the cache, when ``spec`` names one (a pruned copy of the target, or a draft fine-tuned
+        on the target's translations); a hub or local checkpoint is downloaded or read, not built, and a pruned
+        draft at the user's own path is the user's."""
+        from specbench.artefacts.base import prepare_command
+
+        command = prepare_command(target.name, self.name)
+        if "finetuned" in spec:
+            from specbench.artefacts.fine_tuned_draft import FineTunedDraft
+
+            settings = dict(spec["finetuned"])
+            base = settings.pop("base", None)
+            if not isinstance(base, dict) or not base or self._built(base) and "finetuned" in base:
+                raise SpecbenchError(f"drafter={self.name}: a finetuned draft needs base: {{hub_id|path|gguf|pruned: "
+                                     f"...}} (a draft that is not itself fine-tuned), got {base!r}")
+            base_inputs = list(self._cached_for(target, base).values())
+            return {"draft": FineTunedDraft(target, base, lambda: self._load(target, base, trainable=True)[0], settings,
+                                            self.cache_dir, command, base_inputs)}
         if "pruned" not in spec or spec.get("path"):
             return {}
+        from specbench.artefacts.pruned_draft import PrunedDraft, pruned_draft_directory
+
         directory = pruned_draft_directory(target, spec["pruned"], self.cache_dir)
-        return {"draft": PrunedDraft(target, directory, spec["pruned"], command=prepare_command(target.name, self.name))}
+        return {"draft": PrunedDraft(target, directory, spec["pruned"], command=command)}
 
     def artefacts(self, target) -> list:
         return list(self._cached(target).values())

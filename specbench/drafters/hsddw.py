@@ -117,7 +117,7 @@ class DynamicWindowHierarchy(Drafter):
                 raise SpecbenchError(f"drafter={self.name} knows no {role} model for {target.name} (family "
                                      f"{target.family!r}; it knows {known}); pass drafter.{role}.hub_id=... or "
                                      f"drafter.{role}.path=...")
-            loaders[role] = DraftModel(name=f"{self.name}-{role}", drafts_by_family={target.family: spec},
+            loaders[role] = DraftModel(name=self.name, drafts_by_family={target.family: spec},
                                        cache_dir=self.cache_dir)
         return loaders
 
@@ -136,7 +136,7 @@ class DynamicWindowHierarchy(Drafter):
         self.device = target.device
 
     def sources(self) -> dict:
-        return {role: loader.draft_name for role, loader in self.loaders.items()}
+        return {role: {"model": loader.draft_name} for role, loader in self.loaders.items()}
 
     def draft_weights_fingerprint(self) -> str | None:
         parts = [loader.draft_weights_fingerprint() for loader in self.loaders.values()]

@@ -131,6 +131,10 @@ class SpecbenchLoop(Engine):
         eager_parts = ["prefill (its length differs per question)"]
         if self.drafter.draft_weights_fingerprint() is not None:
             eager_parts.append(f"{self.drafter_name}'s own model")
+        from specbench.decoding.contract import Drafter
+
+        if type(self.drafter).decodes_with is not Drafter.decodes_with:  # self-speculative: Target.skipping_pass
+            eager_parts.append(f"{self.drafter_name}'s draft passes (the target with sublayers skipped)")
         return {"name": target.regime, "buckets": list(target.buckets), "mode": target.mode,
                 "cache_tokens": target.capacity, "compile_s": dict(target.compile_seconds),
                 "from_cache": sorted(target.shapes_from_cache, key=list(target.compile_seconds).index),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specbench.measure import metrics
-from specbench.questions import TASKS
+from specbench.questions import ALL_TASKS
 from specbench.results.question_keys import question_key
 from specbench.results.schema import SUMMARY_KEYS
 
@@ -20,7 +20,7 @@ def summarize(answers: list[dict], baseline_answers: list[dict] | None) -> dict:
     groups: dict[str, list[dict]] = {}
     for record in answers:
         groups.setdefault(record["specbench"]["task"], []).append(record)
-    ordered = [task for task in TASKS if task in groups]
+    ordered = [task for task in ALL_TASKS if task in groups]
     result = {task: _group_summary(groups[task], baseline_by_id, baseline_answers is not None) for task in ordered}
     if answers:
         result["overall"] = _group_summary(answers, baseline_by_id, baseline_answers is not None)

@@ -11,7 +11,7 @@ import numpy as np
 
 from specbench.measure.mismatch import KINDS as MISMATCH_KINDS
 from specbench.measure.mismatch import Mismatch
-from specbench.questions import TASKS
+from specbench.questions import ALL_TASKS
 from specbench.results.question_keys import question_id_problem, shown
 from specbench.results.schema import SKIP_CAUSES
 
@@ -145,7 +145,7 @@ def _specbench_problem(ours, kind: LineKind) -> str | None:
         return None
     if not isinstance(ours, dict):
         return "has no specbench object"
-    if kind.own_task and ours.get("task") not in TASKS:
+    if kind.own_task and ours.get("task") not in ALL_TASKS:
         return f"has no known specbench.task ({shown(ours.get('task'))})"
     if ours.get("identical_to_baseline") is not None and not isinstance(ours["identical_to_baseline"], bool):
         return "has a specbench.identical_to_baseline that is not true, false or null"
