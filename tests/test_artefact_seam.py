@@ -20,7 +20,7 @@ from specbench.errors import SpecbenchError
 
 PACKAGE = Path(specbench.__file__).parent
 KINDS = {"TargetAnswers", "SampledAnswers", "StatisticsDatastore", "ModelDatabase", "CorpusAutomaton", "PrunedDraft",
-         "TrainedHead", "GgufConversion", "SearchedSkipSet"}
+         "TrainedHead", "GgufConversion", "SearchedSkipSet", "FineTunedDraft"}
 
 
 def imported_modules(path: Path) -> set[str]:

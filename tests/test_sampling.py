@@ -113,12 +113,16 @@ SAME_AS_DRAFT_MODEL = ("draft_model", "opt-small", "qwen-0.5b", "wide-pruned", "
 # a chain, a static tree, a trained head's tree over its own vocabulary); no draft (ar), Lookahead's window (hd)
 # and the kept state (suffix), 35 s together, run with -m slow, to keep the default run under 8 minutes.
 SLOW_KINDS = ("ar", "hd", "suffix")
+# The HD paper's neighbours meet the same two rules (a chain with its probabilities: self-spec from the target's
+# skipping passes, hsddw from its middle model, multilingual-draft from its tuned draft model; a deterministic tree:
+# swift's chain with siblings, gsd's unfolded graph) and run with -m slow (90 s together on 2 cores).
+NEIGHBOURS = ("self-spec", "hsddw", "multilingual-draft", "swift", "gsd")
 # Drafters whose drafts the target accepts often on this model: their samples must have gone through accepted
 # drafts (more than a tenth of the decodes), or a check of the distribution would only have tested AR.
 ACCEPTED_OFTEN = ("pld", "sps", "draft_model")
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SAME_AS_DRAFT_MODEL + SLOW_KINDS
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SAME_AS_DRAFT_MODEL + SLOW_KINDS + NEIGHBOURS
                                   else name
                                   for name in group_options("drafter")])
 def test_sampling_through_every_drafter_keeps_the_target_distribution(name, small):

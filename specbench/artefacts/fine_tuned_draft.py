@@ -133,13 +133,16 @@ class FineTunedDraft(Artefact):
             documents += [list(prompt) + list(answer) for prompt, answer in pairs]
         random.Random(recipe["shuffle_seed"]).shuffle(documents)  # convert_to_train.py: random.seed(20), shuffle
         total = sum(len(document) for document in documents)
+        # A corpus too small for one batch of full blocks (a tiny test model's few short answers) trains on shorter
+        # blocks rather than failing; any real target's fills them many times over.
+        block_size = max(1, min(recipe["block_size"], total // recipe["batch_size"]))
         torch.manual_seed(recipe["seed"])
         draft = copy.deepcopy(self.load_base()).to(target.device).float()
-        losses = distill(draft, target.weights, token_blocks(documents, recipe["block_size"], recipe["batch_size"],
-                                                             recipe["seed"]),
+        losses = distill(draft, target.weights, token_blocks(documents, block_size, recipe["batch_size"], recipe["seed"]),
                          recipe["epochs"] * total, recipe["lr"], target.device)
         manifest = {"target": {"name": target.name, "source": target.source}, "base": self.base_key,
-                    "recipe": recipe, "prompts": len(prompts), "documents": len(documents), "tokens": total,
+                    "recipe": recipe, "block_size_used": block_size, "prompts": len(prompts),
+                    "documents": len(documents), "tokens": total,
                     "kl_first": losses[0] if losses else None,
                     "kl_last10": float(np.mean(losses[-10:])) if losses else None,
                     "seconds": round(time.perf_counter() - started, 1)}
