@@ -161,6 +161,20 @@ def prompt_ids(tiny):
     return testing.prompt_ids(tiny)
 
 
+def first_draft(drafter, model, ids: list[int], capacity: int = 16):
+    """(the draft ``drafter`` proposes after ``ids``, the transformers target it drafted on): the target prefilled with
+    all but the last token, as the loop leaves it before a self-speculative drafter's first step."""
+    import numpy as np
+
+    target = target_of("transformers", model)
+    drafter.decodes_with(target)
+    ids = np.asarray(ids, dtype=np.int64)
+    target.start(ids.size + capacity)
+    target.prefill(ids[:-1], False, 2)
+    drafter.begin(ids)
+    return drafter.propose(ids), target
+
+
 def refusal(call, *args, **kwargs) -> str:
     """The one-line SpecbenchError that ``call(*args, **kwargs)`` raises (a test fails on a second line)."""
     from specbench.errors import SpecbenchError

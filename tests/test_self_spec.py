@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import refusal, target_of
+from conftest import first_draft, refusal
 
 from specbench.artefacts.skip_set import SEARCH_DEFAULTS, search_settings, search_skip_set
 from specbench.config import compose
@@ -74,14 +74,8 @@ def test_a_draft_stops_at_the_first_unlikely_token_and_keeps_it(tiny, prompt_ids
     threshold of 0: max_step_draft tokens. The cache is as the drafter found it."""
     for threshold, length in ((1.0, 1), (0.0, 5)):
         drafter = _self_spec(tiny, max_step_draft=5, th_stop_draft=threshold, auto_th_stop_draft=False)
-        target = target_of("transformers", tiny)
-        drafter.decodes_with(target)
-        ids = np.asarray(prompt_ids[0], dtype=np.int64)
-        target.start(ids.size + 16)
-        target.prefill(ids[:-1], False, 2)
-        drafter.begin(ids)
-        draft = drafter.propose(ids)
-        assert len(draft) == length and target.length == ids.size - 1
+        draft, target = first_draft(drafter, tiny, prompt_ids[0])
+        assert len(draft) == length and target.length == len(prompt_ids[0]) - 1
         target.release()
 
 
@@ -104,14 +98,8 @@ def test_a_sampled_draft_carries_its_distribution_and_stays_a_chain(tiny, prompt
 
     drafter = SelfSpeculative(skip={"attention": [1], "mlp": []}, th_stop_draft=0.0, max_step_draft=3)
     drafter.prepare(tiny, Sampling(temperature=0.7, seed=3))
-    target = target_of("transformers", tiny)
-    drafter.decodes_with(target)
-    ids = np.asarray(prompt_ids[0], dtype=np.int64)
-    target.start(ids.size + 8)
-    target.prefill(ids[:-1], False, 2)
     drafter.seed_draws(5)
-    drafter.begin(ids)
-    draft = drafter.propose(ids)
+    draft, _ = first_draft(drafter, tiny, prompt_ids[0])
     assert draft.parents is None and draft.probs.shape == (3, tiny.vocab_size)
     assert torch.allclose(draft.probs.sum(-1), torch.ones(3))
 

@@ -71,22 +71,13 @@ def test_siblings_follow_the_chain_tokens_confidence():
 
 @torch.inference_mode()
 def test_a_draft_is_a_chain_with_siblings_and_leaves_the_cache_as_it_was(tiny, prompt_ids):
-    from conftest import target_of
+    from conftest import first_draft
 
     drafter = Swift(stop_threshold=0.0, max_step_draft=4, optimization=False)
     drafter.prepare(tiny)
-    target = target_of("transformers", tiny)
-    drafter.decodes_with(target)
-    ids = np.asarray(prompt_ids[0], dtype=np.int64)
-    target.start(ids.size + 8)
-    target.prefill(ids[:-1], False, 2)
-    drafter.begin(ids)
-    draft = drafter.propose(ids)
-    chain = [index for index, parent in enumerate(draft.parents.tolist()) if parent == -1 or
-             draft.parents[index] == [i for i, p in enumerate(draft.parents.tolist()) if p == parent][0]]
-    assert target.length == ids.size - 1 and draft.probs is None
+    draft, target = first_draft(drafter, tiny, prompt_ids[0])
+    assert target.length == len(prompt_ids[0]) - 1 and draft.probs is None
     assert int((draft.parents == -1).sum()) >= 3 and len(set(draft.parents.tolist())) == 4  # 4 depths
-    assert chain
 
 
 @torch.inference_mode()

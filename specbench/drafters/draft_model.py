@@ -75,8 +75,9 @@ class DraftModel(Drafter):
     def prepare(self, target, sampling: Sampling | None = None) -> None:
         from specbench.targets.kernels import use_linear_backend
 
-        draft, draft_name, checkpoint = self._load(target, self._spec_for(target))
-        if isinstance(draft, torch.nn.Module) and self._built(self._spec_for(target)):
+        spec = self._spec_for(target)
+        draft, draft_name, checkpoint = self._load(target, spec)
+        if self._built(spec):
             use_linear_backend(draft, "auto")
         self.draft_checkpoint = checkpoint  # where another engine (vLLM) reads the same draft
         draft_size = parameter_count(draft)

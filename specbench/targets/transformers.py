@@ -179,11 +179,19 @@ class TransformersTarget(Target):
         input_ids = self._upload_to(tokens, self.input_device, "skip_tokens").unsqueeze(0)
         positions = np.arange(first, first + size, dtype=np.int64)
         position_ids = self._upload_to(positions, self.input_device, "skip_positions").unsqueeze(0)
-        mask = self._upload_to(skipping_mask(start, size, first), self.input_device, "skip_mask")[None, None]
+        if after is None:  # a draft token: the device-side mask of the verify passes, its [q, q] block edited in place
+            mask = self._attention_mask(start, self._upload_to(np.tril(np.ones((size, size), dtype=bool)),
+                                                               self.input_device, "skip_visible"))
+        else:  # SWIFT's scoring pass, once a step at most: the cached positions it may not see are masked too
+            mask = self._upload_to(skipping_mask(start, size, first), self.input_device, "skip_mask")[None, None]
         layers = self._cache.layers
-        with skipped_sublayers(self.model, skip, lambda layer, count: layers[layer].advance(count)):
-            output = forward_with_cache(self.model, self._cache, self._keyword, input_ids=input_ids,
-                                        position_ids=position_ids, attention_mask=mask)
+        try:
+            with skipped_sublayers(self.model, skip, lambda layer, count: layers[layer].advance(count)):
+                output = forward_with_cache(self.model, self._cache, self._keyword, input_ids=input_ids,
+                                            position_ids=position_ids, attention_mask=mask)
+        finally:
+            if after is None:
+                self._mask[:size, start : start + size] = True
         return output.logits[0]
 
     def _forward(self, **inputs):
