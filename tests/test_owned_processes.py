@@ -99,6 +99,10 @@ def test_a_runs_processes_are_those_holding_its_token_at_any_depth(started):
     other = start(SLEEPER, **{TOKEN_VARIABLE: "another"})
     started += [parent, other]
     grandchild = int(parent.stdout.readline())
+    # Popen returns once the child is forked, maybe before it has exec'd its command: wait until it runs the sleeper
+    deadline = time.monotonic() + 10
+    while "time.sleep(120)" not in getattr(process_info(grandchild), "command", "") and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert [info.pid for info in processes_with_token("t0ken")] == sorted([parent.pid, grandchild])
     assert [info.pid for info in processes_with_token("t0ken", exclude={parent.pid})] == [grandchild]
     assert [info.pid for info in processes_with_token("another")] == [other.pid]
