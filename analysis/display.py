@@ -49,7 +49,10 @@ READER_NAMES = {
 }
 WORDS = {"mt_bench": "MT-Bench", "qa": "QA", "rag": "RAG", "math_reasoning": "math reasoning", "mat": "MAT",
          "tps": "tok/s", "vllm": "vLLM", "ar": "AR", "tpot": "TPOT", "ttft": "TTFT", "loo": "LOO", "calib": "calib",
-         "dsd": "DSD", "p50": "p50", "p90": "p90", "p99": "p99"}
+         "dsd": "DSD", "p50": "p50", "p90": "p90", "p99": "p99",
+         # LongBench's subsets by the names its paper gives them
+         "gov_report": "GovReport", "qmsum": "QMSum", "multi_news": "Multi-News", "lcc": "LCC",
+         "repobench-p": "RepoBench-P"}
 # Abbreviations a header may use -> what the legend under its table says they mean.
 ABBREVIATIONS = {
     "MAT": "mean accepted tokens per target forward pass, the bonus token included (AR = 1.00), the prefill counted",

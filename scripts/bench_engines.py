@@ -54,7 +54,7 @@ def run_engine(engine_name: str, drafter: str, args) -> dict:
     from specbench.distributed import Processes
     from specbench.engines.base import BASELINE, METHOD, SkipQuestion
     from specbench.measure.machine import ContentionMeter
-    from specbench.questions import read_questions, select_questions
+    from specbench.run.selection import TaskSelection
     from specbench.results.run_directory import RunDirectory
     from specbench.run.threads import choose_threads
 
@@ -73,9 +73,11 @@ def run_engine(engine_name: str, drafter: str, args) -> dict:
     settings = check_config(cfg)
     threads, _ = choose_threads(settings, None, 1)
     torch.set_num_threads(threads)
-    questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
+    selection = TaskSelection.of(cfg.task)
+    questions = selection.read()
     engine_class, engine_settings = choose_engine(cfg)
     engine = engine_class.load(engine_settings, cfg.model, cfg.drafter, settings, Processes())
+    questions = selection.fit(questions, engine.prompt_tokens)  # by prompt length, as a run selects them
     answers = {METHOD: {}, BASELINE: {}}
     skipped = []
     meter = ContentionMeter()

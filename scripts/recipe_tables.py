@@ -39,7 +39,7 @@ manifest's `trained_on` names the device, and `scripts/gpu_check.py`'s row 5 che
 host's, step by step (docs/gpu.md).
 """
 REPOSITORIES = {"eagle": "SafeAILab/EAGLE", "eagle3": "SafeAILab/EAGLE", "medusa": "FasterDecoding/Medusa",
-                "hydra": "zankner/Hydra"}
+                "hydra": "zankner/Hydra", "longspec": "sail-sg/LongSpec, stage 1"}
 
 
 def present(kind: str) -> bool:

@@ -15,6 +15,7 @@ from hydra._internal.utils import _locate
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from specbench.long_context.prompt_length import check_prompt_bounds
 from specbench.questions import check_selection
 from specbench.errors import SpecbenchError
 from specbench.settings import RunSettings, method_name
@@ -88,8 +89,8 @@ def check_group_values(cfg: DictConfig) -> RunSettings | None:
     against its loader's own check, where the loader has one (``check_arguments``, e.g. tiny-random's shapes);
     the run's token counts against a context the model config states (``model.max_context``); the engine's
     settings, the drafter it runs and the run settings it honours, by the engine's own check (``choose_engine``);
-    the task group's selection. Drafter values are checked by the drafters themselves. Loads nothing. Returns the
-    run settings (None for a configuration without a run group)."""
+    the task group's selection and prompt-length bounds. Drafter values are checked by the drafters themselves.
+    Loads nothing. Returns the run settings (None for a configuration without a run group)."""
     settings = RunSettings.from_config(cfg.run) if isinstance(cfg.get("run"), DictConfig) else None
     model = cfg.get("model")
     if isinstance(model, DictConfig) and "_target_" in model:
@@ -109,6 +110,7 @@ def check_group_values(cfg: DictConfig) -> RunSettings | None:
         if not isinstance(tasks, ListConfig) or not all(isinstance(name, str) for name in tasks):
             raise SpecbenchError(f"task.tasks must be a list of task names such as [qa, rag], got {tasks!r}")
         check_selection(list(tasks), task.get("limit_per_task"))
+        check_prompt_bounds(task.get("min_prompt_tokens"), task.get("max_prompt_tokens"))
     return settings
 
 

@@ -159,7 +159,7 @@ def compile_passes(configs: dict, dry_run: bool) -> None:
     from specbench.config import choose_engine
     from specbench.distributed import Processes
     from specbench.engines.base import SkipQuestion
-    from specbench.questions import read_questions, select_questions
+    from specbench.run.selection import TaskSelection
     from specbench.run.threads import choose_threads
     from specbench.targets.compiled import compiled_cache_location
 
@@ -175,7 +175,8 @@ def compile_passes(configs: dict, dry_run: bool) -> None:
         torch.set_num_threads(choose_threads(settings, None, processes.world_size)[0])  # as the run will
         engine = engine_class.load(engine_settings, cfg.model, cfg.drafter, settings, processes)
         try:
-            questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
+            selection = TaskSelection.of(cfg.task)
+            questions = selection.fit(selection.read(), engine.prompt_tokens)  # as the run selects them
             pending = []
             for prompt in questions:
                 try:

@@ -4,26 +4,39 @@ Spec-Bench's six tasks are MT-bench (whose eight categories all map to the task 
 translation, summarization, qa, math_reasoning and rag. Multilingual-SpecBench's five translation sets (De, Fr, Ja,
 Ru, Zh to English; Kthyeon/Multilingual-SpecBench ``dataset/eval/<pair>_bench/question.jsonl``) are tasks of
 their own, named by their category: deen, fren, jaen, ruen, zhen.
+
+Long-context tasks (``specbench.long_context``): LongBench's gov_report, qmsum, multi_news, lcc and repobench-p as
+LongSpec evaluates them, read from the user's ``<subset>.jsonl`` files (each record made into a question by the
+subset's template), and ``longdoc``, specbench's own set written from the Python documentation on first use
+(``specbench.run.selection``, which also selects these tasks' questions by prompt length).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
+from specbench.long_context import LONGBENCH_TASKS, LONGDOC
+from specbench.long_context.longbench import longbench_question_id, longbench_turn
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")  # Spec-Bench's
 MULTILINGUAL_TASKS = ("deen", "fren", "jaen", "ruen", "zhen")  # Multilingual-SpecBench's
-ALL_TASKS = (*TASKS, *MULTILINGUAL_TASKS)
+LONG_CONTEXT_TASKS = (*LONGBENCH_TASKS, LONGDOC)  # LongBench's as LongSpec evaluates them, and specbench's own
+ALL_TASKS = (*TASKS, *MULTILINGUAL_TASKS, *LONG_CONTEXT_TASKS)
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 HUB_PREFIX = "hf:"
 SAMPLE_QUESTIONS = Path(__file__).parent / "data" / "sample_questions.jsonl"
 # specbench's own few translation questions in Multilingual-SpecBench's form, for tests and CPU runs (not its text)
 MULTILINGUAL_SAMPLE = Path(__file__).parent / "data" / "multilingual_questions.jsonl"
 QUESTION_FORMAT = ('a question file is UTF-8 JSON lines, one object per line: '
-                   '{"question_id": 1, "category": "qa", "turns": ["..."]}')
+                   '{"question_id": 1, "category": "qa", "turns": ["..."]}, or LongBench\'s records '
+                   '({"context": "...", "input": "...", ...}) in a file named after their subset: '
+                   + ", ".join(f"{subset}.jsonl" for subset in LONGBENCH_TASKS))
+# The parts of a question record: a line of a file that has none of them and a "context" is LongBench's.
+QUESTION_KEYS = ("question_id", "category", "turns")
 
 
 @dataclass(frozen=True)
@@ -51,15 +64,8 @@ def parse_questions(lines, source: str) -> list[Prompt]:
         if not line.strip():
             continue
         where = f"{source}, line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise SpecbenchError(f"{where}: not valid JSON ({error.msg}); {QUESTION_FORMAT}") from None
-        except ValueError as error:  # valid JSON Python will not read, e.g. an integer of over 4,300 digits
-            raise SpecbenchError(f"{where}: unreadable ({error}); {QUESTION_FORMAT}") from None
-        if not isinstance(record, dict):
-            raise SpecbenchError(f"{where}: a JSON {type(record).__name__}, not an object; {QUESTION_FORMAT}")
-        missing = [key for key in ("question_id", "category", "turns") if key not in record]
+        record = _json_object(line, where)
+        missing = [key for key in QUESTION_KEYS if key not in record]
         if missing:
             raise SpecbenchError(f"{where}: missing {', '.join(missing)}; {QUESTION_FORMAT}")
         question_id = record["question_id"]
@@ -90,32 +96,125 @@ def parse_questions(lines, source: str) -> list[Prompt]:
     return prompts
 
 
-def read_questions(path: str | None) -> list[Prompt]:
-    """Questions from a local file, from a directory (its ``question.jsonl``, else every ``*/question.jsonl`` one
-    level down, in name order: Multilingual-SpecBench's ``dataset/eval``), from a hub dataset (``hf:owner/name`` or
-    ``hf:owner/name:file.jsonl``), or, when ``path`` is None, the built-in sets written for specbench (Spec-Bench's
-    tasks and the five translation pairs)."""
+def _json_object(line: str, where: str) -> dict:
+    """One JSON line of a question file as an object, or one line naming ``where`` and the formats read."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise SpecbenchError(f"{where}: not valid JSON ({error.msg}); {QUESTION_FORMAT}") from None
+    except ValueError as error:  # valid JSON Python will not read, e.g. an integer of over 4,300 digits
+        raise SpecbenchError(f"{where}: unreadable ({error}); {QUESTION_FORMAT}") from None
+    if not isinstance(record, dict):
+        raise SpecbenchError(f"{where}: a JSON {type(record).__name__}, not an object; {QUESTION_FORMAT}")
+    return record
+
+
+def parse_longbench(lines, subset: str, source: str) -> list[Prompt]:
+    """LongBench's records of ``subset`` (one JSON object a line: "context", for qmsum "input", and what else
+    LongBench keeps) as questions of the task ``subset``, each turn LongSpec's prompt of the record
+    (``long_context.longbench``), its id the record's ``_id`` or ``<subset>_<line>``."""
+    prompts, seen = [], set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source}, line {number}"
+        record = _json_object(line, where)
+        question_id = longbench_question_id(subset, record, number, where)
+        if question_id in seen:
+            raise SpecbenchError(f"{where}: _id {question_id!r} appears twice")
+        seen.add(question_id)
+        prompts.append(Prompt(question_id, subset, subset, (longbench_turn(subset, record, where),)))
+    if not prompts:
+        raise SpecbenchError(f"{source}: holds no questions; {QUESTION_FORMAT}")
+    return prompts
+
+
+def read_questions(path: str | None, tasks: Sequence[str] = ()) -> list[Prompt]:
+    """Questions from a local file (a question file, or LongBench's ``<subset>.jsonl``), from a directory (its
+    ``question.jsonl``, else every ``*/question.jsonl`` one level down, in name order: Multilingual-SpecBench's
+    ``dataset/eval``; else LongBench's data folder, each ``<subset>.jsonl`` of the five in it), from a hub dataset
+    (``hf:owner/name`` or ``hf:owner/name:file.jsonl``), or, when ``path`` is None, the built-in sets written for
+    specbench (Spec-Bench's tasks and the five translation pairs; the ``longdoc`` set, written from a corpus, is
+    added by ``specbench.run.selection``). ``tasks``: the run's task.tasks, which say which LongBench subsets a
+    folder must hold, and that a null path cannot serve them."""
     if path is not None and not isinstance(path, str):
         raise SpecbenchError(f"task.path must be a question file, hf:owner/dataset[:file.jsonl] or null, got {path!r}")
     if path is None:
-        return [*parse_questions(SAMPLE_QUESTIONS.read_text(encoding="utf-8").splitlines(), "built-in sample set"),
-                *parse_questions(MULTILINGUAL_SAMPLE.read_text(encoding="utf-8").splitlines(),
-                                 "built-in multilingual set")]
+        return _built_in(tasks)
     if path.startswith(HUB_PREFIX):
         path = _download_hub_questions(path[len(HUB_PREFIX):])
     file = Path(path).expanduser()
     if file.is_dir():
-        files = [file / "question.jsonl"] if (file / "question.jsonl").is_file() else sorted(file.glob("*/question.jsonl"))
-        if not files:
-            raise SpecbenchError(f"task.path={path}: a directory with no question.jsonl in it or one level down (a "
-                                 "Spec-Bench data folder, or Multilingual-SpecBench's dataset/eval); name a question "
-                                 "file or such a directory")
-        prompts = [prompt for each in files for prompt in parse_questions(_text_lines(each), str(each))]
-        _refuse_repeated_ids(prompts, files)
-        return prompts
+        return _read_folder(file, path, tasks)
     if not file.is_file():
         raise SpecbenchError(f"task.path={path}: no such file")
-    return parse_questions(_text_lines(file), str(file))
+    return _read_file(file)[0]
+
+
+def _built_in(tasks: Sequence[str]) -> list[Prompt]:
+    longbench = [task for task in LONGBENCH_TASKS if task in tasks]
+    if longbench:
+        raise SpecbenchError(f"task.path is null, but LongBench's {', '.join(longbench)} can only be read from your "
+                             "copy of LongBench (specbench ships none of its text): point task.path at your LongBench "
+                             "data folder, which holds " + ", ".join(f"{task}.jsonl" for task in longbench))
+    return [*parse_questions(SAMPLE_QUESTIONS.read_text(encoding="utf-8").splitlines(), "built-in sample set"),
+            *parse_questions(MULTILINGUAL_SAMPLE.read_text(encoding="utf-8").splitlines(), "built-in multilingual set")]
+
+
+def _read_file(file: Path) -> tuple[list[Prompt], str]:
+    """The questions of one file and its form, "question" or "longbench": LongBench's when its first record is
+    no question record and either holds a "context" or is in a file named after a subset. Its subset is the
+    file's name; a name that is none of the five is refused, naming them."""
+    lines = _text_lines(file)
+    first = next((line for line in lines if line.strip()), None)
+    try:
+        record = json.loads(first) if first is not None else None
+    except ValueError:  # parse_questions names the line and the formats
+        record = None
+    if (not isinstance(record, dict) or any(key in record for key in QUESTION_KEYS)
+            or ("context" not in record and file.stem not in LONGBENCH_TASKS)):
+        return parse_questions(lines, str(file)), "question"
+    if file.stem not in LONGBENCH_TASKS:
+        raise SpecbenchError(f"{file}: LongBench records, whose subset is the file's name, and {file.stem!r} is not "
+                             f"one specbench has LongSpec's prompt for; name the file one of "
+                             + ", ".join(f"{subset}.jsonl" for subset in LONGBENCH_TASKS))
+    return parse_longbench(lines, file.stem, str(file)), "longbench"
+
+
+def _read_folder(folder: Path, path: str, tasks: Sequence[str]) -> list[Prompt]:
+    """A folder's questions: Spec-Bench's question.jsonl (or Multilingual-SpecBench's ``*/question.jsonl``), or
+    LongBench's data folder, whose other subsets' files are not read. A folder of both, or a subset's file holding
+    question records, is refused: which of them a run reads would be a guess."""
+    if (folder / "question.jsonl").is_file():
+        question_files = [folder / "question.jsonl"]
+    else:
+        question_files = sorted(folder.glob("*/question.jsonl"))
+    subset_files = [folder / f"{subset}.jsonl" for subset in LONGBENCH_TASKS if (folder / f"{subset}.jsonl").is_file()]
+    if question_files and subset_files:
+        raise SpecbenchError(f"task.path={path}: a folder mixing question files ({', '.join(map(str, question_files))}) "
+                             f"with LongBench's ({', '.join(map(str, subset_files))}); point task.path at a folder "
+                             "holding one form, or at one file")
+    if not question_files and not subset_files:
+        raise SpecbenchError(f"task.path={path}: a directory with no question.jsonl in it or one level down (a "
+                             "Spec-Bench data folder, or Multilingual-SpecBench's dataset/eval) and none of LongBench's "
+                             + ", ".join(f"{subset}.jsonl" for subset in LONGBENCH_TASKS)
+                             + "; name a question file or such a directory")
+    prompts = []
+    for file in question_files or subset_files:
+        read, form = _read_file(file)
+        if subset_files and form != "longbench":
+            raise SpecbenchError(f"task.path={path}: a folder mixing forms: {file} holds question records, not "
+                                 "LongBench's; a LongBench data folder holds LongBench's records in each <subset>.jsonl")
+        prompts += read
+    if subset_files:
+        absent = [task for task in LONGBENCH_TASKS if task in tasks and folder / f"{task}.jsonl" not in subset_files]
+        if absent:
+            raise SpecbenchError(f"task.path={path}: a LongBench data folder without "
+                                 + ", ".join(f"{task}.jsonl" for task in absent)
+                                 + f", which task.tasks selects; add the file or leave {', '.join(absent)} out of "
+                                 "task.tasks")
+    _refuse_repeated_ids(prompts, question_files or subset_files)
+    return prompts
 
 
 def _refuse_repeated_ids(prompts: list[Prompt], files: list[Path]) -> None:

@@ -30,12 +30,13 @@ from specbench.measure.machine import ContentionMeter, TimingCheck, is_contended
 from specbench.measure.mismatch import diagnose
 from specbench.measure.stalls import StallCheck, StallRule, describe
 from specbench.models.devices import resolve_device
-from specbench.questions import Prompt, read_questions, select_questions
+from specbench.questions import Prompt
 from specbench.results.run_directory import RunDirectory
 from specbench.results.schema import Answer
 from specbench.run.identity import (already_finished, check_resumable, config_settings, earlier_settings,
                                     planned_settings)
 from specbench.run.owned_processes import OwnedProcesses, end_leftovers
+from specbench.run.selection import TaskSelection
 from specbench.run.threads import choose_threads
 from specbench.storage.run_lock import RunLock
 from specbench.settings import RunSettings
@@ -50,7 +51,7 @@ def run_benchmark(cfg: DictConfig, output_dir: str, on_open=None) -> dict:
     Under torchrun (``model.tp_plan=auto``) every process runs this; rank 0 decides and writes, the others
     decode beside it in a scratch directory (``specbench.distributed``)."""
     settings = check_config(cfg)
-    questions = select_questions(read_questions(cfg.task.path), list(cfg.task.tasks), cfg.task.limit_per_task)
+    questions = TaskSelection.of(cfg.task).read()  # prompt-length bounds wait for the loaded target (_run)
     if settings.device != "auto":
         resolve_device(settings.device)  # a device torch cannot give is refused before anything else happens
     processes = Processes.from_environment(cfg.model.get("tp_plan"), settings.device)
@@ -70,16 +71,20 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
     engine_class, engine_settings = choose_engine(cfg)
     wanted = {**config_settings(cfg, engine_settings.identity()), **planned_settings(processes.world_size)}
     run_dir = RunDirectory(output_dir, with_baseline=settings.baseline)
+    selection = TaskSelection.of(cfg.task)
 
     def check_directory():
         # Everything the configuration fixes is checked before anything is loaded or written.
         earlier = earlier_settings(output_dir)
         check_resumable(output_dir, earlier, wanted)
-        if engine_settings.load_levels:  # levels over other questions, or warmed otherwise, are refused before loading
+        # Levels over other questions, or warmed otherwise, are refused before loading; questions still to be
+        # selected by prompt length are known only once loaded, where measure_load checks the same.
+        if engine_settings.load_levels and selection.bounds is None:
             skipped = run_dir.skipped_ids()
             check_load_file(output_dir, engine_settings.load_levels,
                             [prompt.question_id for prompt in questions if prompt.question_id not in skipped],
                             LevelWarmUp.of(settings))
+        # With bounds, questions are all of the tasks' until fit: a finished run is then found finished once loaded.
         return earlier, already_finished(output_dir, questions, settings.baseline, run_dir, engine_settings.load_levels)
 
     earlier, finished_summary = processes.decide(check_directory)
@@ -96,6 +101,7 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
     with RunLock(output_dir) as lock, owned:  # the engine's processes end before the directory is let go
         engine = engine_class.load(engine_settings, cfg.model, cfg.drafter, settings, processes)
         try:
+            questions = selection.fit(questions, engine.prompt_tokens)
             loaded = engine.run_settings()  # in every process: the weights' fingerprint gathers shards
             finished = processes.decide(lambda: run_dir.open({**wanted, **loaded}))  # checks the loaded part too
             lock.keep()

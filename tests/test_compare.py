@@ -76,7 +76,7 @@ PUBLISHED_METHODS = {
     ("recycling", "REST"): ("rest", "corpus="), ("recycling", "Medusa"): ("medusa", ""),
     ("recycling", "TR"): ("recycling", ""), ("recycling", "Eagle1"): ("eagle", ""), ("recycling", "Eagle2"): ("eagle2", ""),
     ("self-spec", "Self-speculative decoding"): ("self-spec", ""), ("swift", "SWIFT"): ("swift", ""),
-    ("gsd", "GSD"): ("gsd", ""), ("hsddw", "HSDDW"): ("hsddw", ""),
+    ("gsd", "GSD"): ("gsd", ""), ("hsddw", "HSDDW"): ("hsddw", ""), ("longspec", "LongSpec"): ("longspec", ""),
 }
 
 
@@ -120,7 +120,7 @@ def test_a_user_csv_is_read_whole_and_a_wrong_id_lists_the_choices(tmp_path):
     path.write_text(f"{HEADER}\n{GOOD}\n")
     assert list(select_published(str(path)).value) == [1.5]
     with pytest.raises(SpecbenchError, match="--published specbench: not a source id nor a CSV file; choose "
-                                             "spec-bench, hd, recycling, samd, dsd, self-spec, swift, gsd, hsddw, all, or the path"):
+                                             "spec-bench, hd, recycling, samd, dsd, self-spec, swift, gsd, hsddw, longspec, all, or the path"):
         select_published("specbench")
     with pytest.raises(SpecbenchError, match="--published hd: no numbers of that source were found"):
         select_published("hd")

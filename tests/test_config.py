@@ -32,9 +32,10 @@ def test_every_drafter_instantiates_with_its_name(name):
 
 
 def test_task_configs_select_one_task_each():
-    from specbench.questions import MULTILINGUAL_TASKS, TASKS
+    from specbench.questions import LONGBENCH_TASKS, MULTILINGUAL_TASKS, TASKS
 
-    groups = {"spec_bench": list(TASKS), "multilingual": list(MULTILINGUAL_TASKS)}  # the two whole benchmarks
+    groups = {"spec_bench": list(TASKS), "multilingual": list(MULTILINGUAL_TASKS),  # the three whole benchmarks
+              "longbench": list(LONGBENCH_TASKS)}
     for task in group_options("task"):
         cfg = compose([f"task={task}"]).task
         assert cfg.name == task

@@ -41,8 +41,8 @@ def test_no_combination_of_configs_has_a_key_its_group_refuses():
 def test_an_unknown_task_key_is_refused_with_the_valid_ones():
     with pytest.raises(SpecbenchError) as error:
         check_group_keys(compose(["+task.limit=5"]))
-    assert one_line(error) == ("unknown setting(s) task.limit; the task group has: limit_per_task, name, path, tasks "
-                               "(did you mean task.limit_per_task?)")
+    assert one_line(error) == ("unknown setting(s) task.limit; the task group has: limit_per_task, max_prompt_tokens, "
+                               "min_prompt_tokens, name, path, tasks (did you mean task.limit_per_task?)")
 
 
 @pytest.mark.parametrize("model", group_options("model"))

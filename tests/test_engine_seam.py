@@ -49,6 +49,9 @@ class FixedAnswers(Engine):
     def sources(self):
         return {}
 
+    def prompt_tokens(self, prompt):
+        return len(prompt.turns[0].split())
+
     def check_fits(self, prompt):
         if prompt.question_id == TOO_LONG:
             raise SkipQuestion(f"question {TOO_LONG} is too long here")

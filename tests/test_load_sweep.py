@@ -75,6 +75,9 @@ class ScriptedEngine(Engine):
     def sources(self):
         return {}
 
+    def prompt_tokens(self, prompt):
+        return len(tokens_of(prompt.question_id))
+
     def check_fits(self, prompt):
         pass
 

@@ -108,14 +108,22 @@ def test_a_folder_without_questions_or_with_one_id_twice_is_one_line(tmp_path):
     assert "appears in more than one" in refusal(read_questions, str(tmp_path / "a"))
 
 
-def test_a_long_context_file_in_another_format_is_refused_naming_the_format(tmp_path):
-    """A LongBench record ({"input", "context", "answers", ...}) is not a question file: one line saying what is."""
+def test_a_longbench_file_is_read_and_a_record_of_neither_form_is_refused_naming_both(tmp_path):
+    """A LongBench record ({"input", "context", "answers", ...}) in <subset>.jsonl is read as LongSpec formats it
+    (tests/test_long_context.py pins the templates); a record of neither form is one line naming both."""
     from conftest import refusal
 
     path = tmp_path / "gov_report.jsonl"
     path.write_text('{"input": "", "context": "A long report ...", "answers": ["..."], "length": 9000}\n')
+    [prompt] = read_questions(str(path))
+    assert (prompt.question_id, prompt.task) == ("gov_report_1", "gov_report")
+    assert prompt.turns[0].startswith("You are given a report by a government agency.") and \
+        "\nReport:\nA long report ...\n\n" in prompt.turns[0]
+    path = tmp_path / "summaries.jsonl"
+    path.write_text('{"input": "", "document": "A long report ...", "answers": ["..."]}\n')
     message = refusal(read_questions, str(path))
     assert "missing question_id, category, turns" in message and '"turns"' in message
+    assert "LongBench's records" in message and "gov_report.jsonl" in message
 
 
 def test_the_multilingual_task_configs_select_the_pairs():

@@ -115,8 +115,9 @@ SAME_AS_DRAFT_MODEL = ("draft_model", "opt-small", "qwen-0.5b", "wide-pruned", "
 SLOW_KINDS = ("ar", "hd", "suffix")
 # The HD paper's neighbours meet the same two rules (a chain with its probabilities: self-spec from the target's
 # skipping passes, hsddw from its middle model, multilingual-draft from its tuned draft model; a deterministic tree:
-# swift's chain with siblings, gsd's unfolded graph) and run with -m slow (90 s together on 2 cores).
-NEIGHBOURS = ("self-spec", "hsddw", "multilingual-draft", "swift", "gsd")
+# swift's chain with siblings, gsd's unfolded graph, longspec's beam tree) and run with -m slow (90 s together on 2
+# cores).
+NEIGHBOURS = ("self-spec", "hsddw", "multilingual-draft", "swift", "gsd", "longspec")
 # Drafters whose drafts the target accepts often on this model: their samples must have gone through accepted
 # drafts (more than a tenth of the decodes), or a check of the distribution would only have tested AR.
 ACCEPTED_OFTEN = ("pld", "sps", "draft_model")

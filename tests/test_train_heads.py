@@ -132,7 +132,7 @@ def test_recipe_settings_are_checked_in_one_line():
     with pytest.raises(SpecbenchError, match="give warmup_steps or warmup_ratio, not both"):
         recipe_of("eagle", {"warmup_steps": 3, "warmup_ratio": 0.2})
     with pytest.raises(SpecbenchError, match="head kind 'medusa2' is unknown; choose one of eagle, eagle3, medusa, "
-                                             "hydra$"):
+                                             "hydra, longspec$"):
         recipe_of("medusa2", {})
     assert recipe_of("eagle3", {"lr": 1}).lr == 1.0  # a yaml's 1 and 1.0 are one setting
     assert recipe_of("eagle3", {"ttt_decay": 1}).method["ttt_decay"] == 1.0
@@ -419,12 +419,13 @@ def test_training_lowers_the_loss_and_fits_the_targets_choices(kind, spec, lr, t
 def test_the_registry_maps_each_kind_to_its_module_lazily_and_refuses_unknown_kinds():
     from specbench.training import methods
 
-    assert methods.KINDS == ("eagle", "eagle3", "medusa", "hydra")
+    assert methods.KINDS == ("eagle", "eagle3", "medusa", "hydra", "longspec")
     assert methods.module("eagle") is eagle_training and methods.module("eagle3") is eagle_training
     assert methods.MODULES["medusa"] == "specbench.training.medusa"
     assert methods.MODULES["hydra"] == "specbench.training.hydra"
+    assert methods.MODULES["longspec"] == "specbench.training.longspec"
     with pytest.raises(SpecbenchError, match="^head kind 'lookahead' is unknown; choose one of eagle, eagle3, "
-                                             "medusa, hydra$"):
+                                             "medusa, hydra, longspec$"):
         methods.module("lookahead")
 
 

@@ -26,6 +26,8 @@ from specbench.errors import SpecbenchError
 
 DEFAULT_CORPUS = "python-docs"
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
+# How to get the default corpus, said by everything that needs it (datastores, task=longdoc's questions).
+GET_DEFAULT_CORPUS = "run ./setup.sh on a Debian/Ubuntu machine, or `apt-get install python3-doc`"
 
 
 def default_corpus_dirs(cache: Path) -> list[Path]:
@@ -48,8 +50,8 @@ def resolve_corpus(spec: str, cache: Path) -> list[str]:
         if not found:
             raise SpecbenchError(
                 "the default statistics corpus (the Python documentation from Debian's python3-doc package) is "
-                "not here: run ./setup.sh on a Debian/Ubuntu machine, or `apt-get install python3-doc`, or build a "
-                "datastore from your own corpus with scripts/build_datastore.py --corpus FILES"
+                f"not here: {GET_DEFAULT_CORPUS}, or build a datastore from your own corpus with "
+                "scripts/build_datastore.py --corpus FILES"
             )
         return [str(found[0])]
     return [part for part in spec.split(",") if part]

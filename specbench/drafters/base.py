@@ -112,7 +112,7 @@ class HeadSource:
     ``artefacts.trained_head``, or, with a {path} beside it, read from there as the user's own).
 
     drafter: the drafter's name (in messages and the prepare command); kind: the head kind the trainer builds
-    (eagle, eagle3, medusa, hydra); what: how messages name the head ("eagle3 head", "Medusa heads")."""
+    (eagle, eagle3, medusa, hydra, longspec); what: how messages name the head ("eagle3 head", "Medusa heads")."""
 
     def __init__(self, drafter: str, kind: str, what: str, chosen: dict, listed: dict, cache_dir: str | None):
         self.drafter, self.kind, self.what = drafter, kind, what

@@ -158,6 +158,11 @@ class Engine(ABC):
         return {"name": "eager"}
 
     @abstractmethod
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        """How many tokens ``prompt``'s first turn is as the target reads it (in the model's prompt format, the chat
+        template's own tokens counted): what a task's prompt-length bounds select by (``TaskSelection.fit``)."""
+
+    @abstractmethod
     def check_fits(self, prompt: Prompt) -> None:
         """Raise ``SkipQuestion`` when ``prompt`` cannot be decoded here at all (its first turn leaves no room in
         the model's context)."""

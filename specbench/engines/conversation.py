@@ -85,6 +85,11 @@ def answer_question(
     return converse(model, prompt, max_new_tokens, model.max_context, decoder.sampling.seed, decode)
 
 
+def first_turn_tokens(model: LoadedModel, prompt: Prompt) -> int:
+    """How many tokens ``prompt``'s first turn is in ``model``'s prompt format (``Engine.prompt_tokens``)."""
+    return len(model.encode_conversation([prompt.turns[0]], []))
+
+
 def first_turn_ids(model: LoadedModel, prompt: Prompt, max_context: int | None = None) -> list[int]:
     """The token ids of ``prompt``'s first turn; ``TurnTooLong`` when they leave no room for an answer in
     ``max_context`` (the model's context when None)."""

@@ -20,7 +20,7 @@ from specbench.decoding.sampling import Sampling
 from specbench.distributed import Processes
 from specbench.drafters.ar import NoDraft
 from specbench.engines.base import BASELINE, METHOD, Engine, EngineSettings, OnStep, Skip, SkipQuestion
-from specbench.engines.conversation import TurnTooLong, answer_question, first_turn_ids
+from specbench.engines.conversation import TurnTooLong, answer_question, first_turn_ids, first_turn_tokens
 from specbench.engines.drafter_state import restore_drafter_state, save_drafter_state, saved_drafter_state
 from specbench.engines.warm_up import out_of_memory_skip, warm_up_on_one_that_fits
 from specbench.errors import SpecbenchError
@@ -117,6 +117,9 @@ class SpecbenchLoop(Engine):
                                    output_weight if isinstance(output_weight, torch.Tensor) else None)
         bandwidth = machine_bandwidth(cache_root(None) / "machine", self.model.device, torch.get_num_threads(), read)
         return {"bytes_per_pass": read, "bandwidth": bandwidth}
+
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        return first_turn_tokens(self.model, prompt)
 
     def check_fits(self, prompt: Prompt) -> None:
         try:

@@ -39,7 +39,8 @@ from specbench.decoding.contract import Drafter
 from specbench.decoding.sampling import Sampling
 from specbench.distributed import Processes
 from specbench.engines.base import BASELINE, METHOD, Engine, OnStep, Skip, SkipQuestion
-from specbench.engines.conversation import DecodedTurn, TurnTooLong, converse, first_turn_ids, turn_seed
+from specbench.engines.conversation import (DecodedTurn, TurnTooLong, converse, first_turn_ids, first_turn_tokens,
+                                           turn_seed)
 from specbench.engines.vllm_methods import (FC_WITHOUT_BIAS, METHOD_WEIGHTS, VllmSettings, check_vllm_config,
                                             fc_bias_refusal, speculative_config, vllm_method)
 from specbench.errors import SpecbenchError
@@ -208,6 +209,9 @@ class VllmEngine(Engine):
 
     def sources(self) -> dict[str, dict]:
         return self._sources
+
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        return first_turn_tokens(self.model, prompt)
 
     def check_fits(self, prompt: Prompt) -> None:
         try:

@@ -47,6 +47,8 @@ NOT_RESULT_SETTINGS = {
     "task.name": "a label",
     "task.tasks": "selects questions: a run directory can be extended to more tasks",
     "task.limit_per_task": "selects questions: a run directory can be extended to more questions",
+    "task.min_prompt_tokens": "selects questions by prompt length: a run directory can be extended to more questions",
+    "task.max_prompt_tokens": "selects questions by prompt length: a run directory can be extended to more questions",
     # Each answer records the rule it was judged by (specbench.stalls.rule), so a resumed run may judge by another.
     "run.stall_factor": "judges the timings, changes none of them (stalls inside a question)",
     "run.stall_min_s": "judges the timings, changes none of them (stalls inside a question)",
@@ -58,13 +60,18 @@ REGIME_KEYS = ("regime", "compile_buckets", "compile_mode")
 RESULT_GROUPS = {"model": "model_config", "drafter": "drafter", "run": "run", "task": "task"}
 
 
-def question_file_digest(path: str | None) -> str | None:
-    """SHA-256 of the question file's content (the built-in sample set's when ``path`` is None; None for a hub
-    dataset, whose id and revision name it): an edited file is another benchmark."""
+def question_file_digest(path: str | None, tasks=()) -> str | None:
+    """SHA-256 of the question file's content (when ``path`` is None, the built-in sample set's, or, when ``tasks``
+    select ``longdoc``, the set written from the corpus; None for a hub dataset, whose id and revision name it, and
+    for a folder): an edited file is another benchmark."""
+    from specbench.long_context.documents import LONGDOC, longdoc_path
     from specbench.questions import SAMPLE_QUESTIONS
     from specbench.storage.manifest import file_digest
 
     if path is None:
+        written = longdoc_path() if LONGDOC in tasks else None
+        if written is not None and written.is_file():  # written by the run's reading of its questions
+            return file_digest(written)
         return file_digest(SAMPLE_QUESTIONS)
     local = Path(path).expanduser()
     return file_digest(local) if local.is_file() else None
@@ -80,7 +87,7 @@ def config_settings(cfg: DictConfig, engine: dict | None) -> dict:
     for group, key in RESULT_GROUPS.items():
         node = OmegaConf.to_container(cfg[group], resolve=True)
         settings[key] = {name: value for name, value in node.items() if f"{group}.{name}" not in NOT_RESULT_SETTINGS}
-    settings["task"]["content_sha256"] = question_file_digest(cfg.task.path)
+    settings["task"]["content_sha256"] = question_file_digest(cfg.task.path, list(cfg.task.tasks))
     # The model's Target is recorded only when it is not the transformers one, which every run directory written
     # before the model config named its Target ran (so those still resume, and compare equal in analysis).
     # The regime's keys likewise only off the default: every run directory written before them ran eagerly.

@@ -339,6 +339,11 @@ class TransformersWeights(TargetWeights):
     def pruned_copy(self, layers: list[int]) -> torch.nn.Module:
         return prune(self.module, layers)
 
+    def layer_keys_values(self, layer: int) -> torch.nn.Module:
+        from specbench.targets.layer_keys import LayerKeysValues
+
+        return LayerKeysValues(self.module, layer)
+
     def save_checkpoint(self, directory) -> None:
         if self.linear_backend_used != "aten":  # oneDNN's packed layers hold no weight under transformers' names
             raise SpecbenchError("a model whose linear layers run on oneDNN cannot be saved as a checkpoint; load it "

@@ -97,6 +97,15 @@ class TargetWeights(ABC):
         """A new model of the same architecture with only ``layers`` of the decoder layers (renumbered 0..k-1),
         float32 on the host, with trainable standard linear layers: the draft that distillation trains."""
 
+    def layer_keys_values(self, layer: int) -> torch.nn.Module:
+        """A module computing decoder layer ``layer``'s KV-cache entries (keys rotated) from the layer's input
+        hidden states, with the target's rotary embedding (``specbench.targets.layer_keys.LayerKeysValues``): what
+        LongSpec's drafter cross-attends to. A backend that cannot say refuses in one line."""
+        from specbench.errors import SpecbenchError
+
+        raise SpecbenchError(f"{type(self).__name__} cannot recompute its layers' cache entries, which "
+                             "drafter=longspec reads")
+
     @abstractmethod
     def save_checkpoint(self, directory) -> None:
         """Write the weights and their config into ``directory`` as a Hugging Face checkpoint (config.json and

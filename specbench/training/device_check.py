@@ -19,6 +19,7 @@ TRAINING_KINDS = {
     "eagle3": {"feature_layers": [0, 1, 2], "draft_vocab_size": 64, "ttt_steps": 2, "lr": 3e-3},
     "medusa": {"heads": 2, "lr": 3e-3},
     "hydra": {"num_heads": 2, "num_layers": 2, "dropout_rate": 0.1, "lr": 3e-3},
+    "longspec": {"lr": 3e-3},
 }
 TRAINING_STEPS = 8
 LOSS_TOLERANCE = 1e-3  # relative, per step: float32 on the device against float32 on the host

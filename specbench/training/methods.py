@@ -19,6 +19,7 @@ MODULES = {
     "eagle3": "specbench.training.eagle",
     "medusa": "specbench.training.medusa",
     "hydra": "specbench.training.hydra",
+    "longspec": "specbench.training.longspec",
 }
 KINDS = tuple(MODULES)
 # Rows of a PUBLISHED recipe that document how the method trained without being a setting here (what no CPU run can
@@ -108,6 +109,21 @@ DIFFERENCES = {
                         "data loss 0), which on the target's own answers is the text it drafts"),
         "max_length": ("prompt + 256 answer tokens", "specbench's answers are max_new_tokens long (256), well inside "
                                                      "the published 2,048-token truncation, which never cuts them"),
+    },
+    "longspec": {
+        "epochs": (2.0, "stage 1's one epoch is over SlimPajama-6B, billions of tokens; specbench's data is about "
+                        "145,000 tokens (its ~580 answers), which a layer starting from random weights needs more "
+                        "than one pass over"),
+        "batch_sequences": (4, "2,048 sequences of 1,024 tokens a step on 8 GPUs; 4 of specbench's answers a step on "
+                               "one CPU, so an epoch is about 145 steps rather than a fraction of one"),
+        "precision": ("float32", _FLOAT32),
+        "data": (_DATA + "; every token labelled, stage 1's way",
+                 "SlimPajama is not reachable here and its 6B tokens are weeks of a CPU; stages 2 and 3 (long-context "
+                 "and long-CoT SFT at 32,768 tokens) are not run: a sequence that long is beyond 2 CPU cores' "
+                 "memory and time for the target's features alone. The anchor-offset positions, the part of stage "
+                 "1 that prepares the drafter for long contexts, are kept"),
+        "max_length": ("prompt + 256 answer tokens", "specbench's answers are at most 256 tokens: no sequence "
+                                                     "reaches stage 1's 1,024"),
     },
 }
 
