@@ -25,8 +25,6 @@ drafts keeps the output the target's distribution; LongSpec's ``verify_stochasti
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import torch
 
@@ -35,7 +33,6 @@ from specbench.drafters.base import HeadSource
 from specbench.drafters.draft_model import plain
 from specbench.errors import SpecbenchError
 
-log = logging.getLogger(__name__)
 TREE_SHAPE = (4, 16, 16, 16, 16)  # llama_glide.py:929 cand_num_per_step; inference_long-bench.py:76 --tree_shape
 
 
@@ -210,7 +207,7 @@ class LongSpec(Drafter):
         """LongSpec's beam tree after the root (see the module docstring): tokens and parents (-1: the root), depth
         by depth, parents before children."""
         head, device = self.head, self.device
-        root_position = int(self.cache.positions[stable - 1])
+        root_position = stable - 1  # settled entries sit at positions 0.. in order (no read back from the device)
         scores, ids = self._log_probs(root_out)[0].topk(self.tree_shape[0])
         all_ids, all_parents = [ids], [torch.full_like(ids, -1)]
         # tree_visible among the tree's entries so far: row i = node i sees its ancestors and itself

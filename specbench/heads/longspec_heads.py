@@ -33,6 +33,7 @@ from torch import nn
 
 from specbench.errors import SpecbenchError
 from specbench.heads.eagle_head_files import _head_directory, _listed, _read_config, _read_weights, _write_weights
+from specbench.heads.eagle_heads import RMSNorm  # Llama's, as LongSpec's layer uses (LlamaRMSNorm)
 from specbench.targets.layer_keys import rotate_half
 from specbench.storage.atomic import write_atomically
 from specbench.storage.refusal import refusing_writes
@@ -81,17 +82,6 @@ def glide_config_for(target) -> GlideConfig:
     return GlideConfig(int(text["hidden_size"]), int(text["intermediate_size"]), heads,
                        int(text.get("num_key_value_heads") or heads), float(text.get("rms_norm_eps", 1e-6)),
                        str(target.source))
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, width: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class GlideAttention(nn.Module):
@@ -206,11 +196,6 @@ class LongSpecHead(nn.Module):
         x = self.post_cross_attention_layernorm(hidden)
         mlp = self.mlp
         return hidden + mlp["down_proj"](F.silu(mlp["gate_proj"](x)) * mlp["up_proj"](x))
-
-
-def file_key(name: str) -> str:
-    """A module parameter's name in LongSpec's files (``mlp.gate_proj.weight`` and so on: the same names)."""
-    return name
 
 
 def expected_keys(config: GlideConfig) -> set[str]:
