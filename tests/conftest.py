@@ -75,6 +75,9 @@ def _aten_tiny(architecture: str):
 COMPILED_TEST_CAPACITY = 2048
 
 
+SESSION_RECOMPILE_LIMIT = 1024
+
+
 def target_of(kind: str, loaded):
     """A fresh Target of ``kind`` over ``loaded``'s transformers module (the reference one has no KV cache; the
     compiled one compiles each pass shape on its first use, in torch.compile's quicker default mode)."""
@@ -90,6 +93,13 @@ def target_of(kind: str, loaded):
         if not compilable_transformers():  # scripts/floor_env.sh: its refusal is tests/test_compiled_target.py's
             pytest.skip(f"the compiled target needs transformers {'.'.join(map(str, FIRST_COMPILABLE))} or later")
         module = aten_twin(loaded).weights.module
+        # A test session compiles the passes of many models, drafters and buckets in one process, where a run compiles
+        # one model's: the recompile limit the compiled regime sets for one model (64 per code object) is raised for
+        # the session, so that what earlier tests compiled cannot make a later one fail (it did in the whole slow run
+        # once longspec's trees came after every other drafter's on the Qwen models).
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, SESSION_RECOMPILE_LIMIT)
         target = (CompiledTarget(module, mode="default") if kind == "compiled" else
                   CompiledTarget(module, mode="none", graphs=HostReplay()))
         target.start(COMPILED_TEST_CAPACITY)
