@@ -208,7 +208,8 @@ class LongSpec(Drafter):
         by depth, parents before children."""
         head, device = self.head, self.device
         root_position = stable - 1  # settled entries sit at positions 0.. in order (no read back from the device)
-        scores, ids = self._log_probs(root_out)[0].topk(self.tree_shape[0])
+        root = self._log_probs(root_out)[0]
+        scores, ids = root.topk(min(self.tree_shape[0], root.numel()))
         all_ids, all_parents = [ids], [torch.full_like(ids, -1)]
         # tree_visible among the tree's entries so far: row i = node i sees its ancestors and itself
         ancestry = torch.eye(ids.numel(), dtype=torch.bool, device=device)
