@@ -60,11 +60,7 @@ def parse_questions(lines, source: str) -> list[Prompt]:
     """Questions from JSON lines; ``source`` names the file in error messages, each of which ends by saying what
     a question file must look like."""
     prompts, seen = [], set()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{source}, line {number}"
-        record = _json_object(line, where)
+    for _, where, record in _json_records(lines, source):
         missing = [key for key in QUESTION_KEYS if key not in record]
         if missing:
             raise SpecbenchError(f"{where}: missing {', '.join(missing)}; {QUESTION_FORMAT}")
@@ -96,6 +92,14 @@ def parse_questions(lines, source: str) -> list[Prompt]:
     return prompts
 
 
+def _json_records(lines, source: str):
+    """(line number, where, the line's JSON object) for each non-blank line of a question file."""
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            where = f"{source}, line {number}"
+            yield number, where, _json_object(line, where)
+
+
 def _json_object(line: str, where: str) -> dict:
     """One JSON line of a question file as an object, or one line naming ``where`` and the formats read."""
     try:
@@ -114,11 +118,7 @@ def parse_longbench(lines, subset: str, source: str) -> list[Prompt]:
     LongBench keeps) as questions of the task ``subset``, each turn LongSpec's prompt of the record
     (``long_context.longbench``), its id the record's ``_id`` or ``<subset>_<line>``."""
     prompts, seen = [], set()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{source}, line {number}"
-        record = _json_object(line, where)
+    for number, where, record in _json_records(lines, source):
         question_id = longbench_question_id(subset, record, number, where)
         if question_id in seen:
             raise SpecbenchError(f"{where}: _id {question_id!r} appears twice")

@@ -32,6 +32,7 @@ from specbench.decoding.contract import Draft, Drafter, SharedWeights, StepOutco
 from specbench.drafters.base import HeadSource
 from specbench.drafters.draft_model import plain
 from specbench.errors import SpecbenchError
+from specbench.heads.eagle_heads import HeadCache
 
 TREE_SHAPE = (4, 16, 16, 16, 16)  # llama_glide.py:929 cand_num_per_step; inference_long-bench.py:76 --tree_shape
 
@@ -47,7 +48,8 @@ def checked_tree_shape(tree_shape) -> tuple[int, ...]:
 
 
 class SelfCache:
-    """The drafter's own keys/values [1, kv_heads, length, head_dim] and their positions, growing by doubling."""
+    """The drafter's own keys/values [1, kv_heads, length, head_dim] and their positions (a tree's entries share
+    one position a depth), growing by doubling."""
 
     def __init__(self, kv_heads: int, head_dim: int, capacity: int, device, dtype):
         self.keys = torch.empty((1, kv_heads, capacity, head_dim), device=device, dtype=dtype)
@@ -133,7 +135,7 @@ class LongSpec(Drafter):
         config, dtype = self.head.config, self.head.input_layernorm.weight.dtype
         capacity = 2 * prompt_ids.size + 256
         self.cache = SelfCache(config.num_key_value_heads, config.head_dim, capacity, self.device, dtype)
-        self.target_cache = SelfCache(config.num_key_value_heads, config.head_dim, capacity, self.device, dtype)
+        self.target_cache = HeadCache(config, capacity, self.device, dtype)  # the target's entries, [kv, n, d]
         self._prompt = prompt_ids
         self._pending: np.ndarray | None = None  # tokens settled since the drafter last read them
 
@@ -150,8 +152,8 @@ class LongSpec(Drafter):
         start = self.target_cache.length
         count = states.shape[1]
         positions = torch.arange(start, start + count, device=self.device)
-        keys, values = self.head.target_entries(states[0][None], positions[None])
-        self.target_cache.append(keys, values, positions)
+        keys, values = self.head.target_entries(states[0], positions)
+        self.target_cache.append(keys, values)
         settled = np.asarray(accepted_ids)
         pending = np.concatenate((self._prompt, settled)) if outcome.step == 0 else settled
         self._pending = pending if self._pending is None else np.concatenate((self._pending, pending))
@@ -196,9 +198,11 @@ class LongSpec(Drafter):
         visible = (distance >= 0) & (distance <= WINDOW)
         if tree_visible is not None:
             visible[:, -tree_visible.shape[1]:] = tree_visible
-        target_keys, target_values, _ = self.target_cache.held()
-        every = torch.ones(n, target_keys.shape[2], dtype=torch.bool, device=self.device)
-        return self.head(embeddings, cos, sin, keys, values, visible[None], target_keys, target_values, every[None])[0]
+        length = self.target_cache.length
+        target_keys = self.target_cache.keys[None, :, :length]
+        target_values = self.target_cache.values[None, :, :length]
+        every = torch.ones(1, n, length, dtype=torch.bool, device=self.device)
+        return self.head(embeddings, cos, sin, keys, values, visible[None], target_keys, target_values, every)[0]
 
     def _log_probs(self, out: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.head.logits(out).float(), dim=-1)

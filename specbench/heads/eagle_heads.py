@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.errors import SpecbenchError
+from specbench.targets.layer_keys import rotate_half  # noqa: F401  (hydra_heads imports it from here)
 
 HEAD_KINDS = ("eagle", "eagle3")
 FORMATS = ("eagle", "eagle3", "speculators")
@@ -216,11 +217,6 @@ def _llama3_frequencies(inverse: torch.Tensor, scaling: dict) -> torch.Tensor:
     blended = (1 - smooth) * inverse / factor + smooth * inverse
     return torch.where(wavelength > context / low, inverse / factor,
                        torch.where(wavelength < context / high, inverse, blended))
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
 
 
 def causal_visible(past: int, n: int, device) -> torch.Tensor:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.errors import SpecbenchError
+from specbench.targets.layer_keys import rotate_half
 from specbench.training.heads import Batch, Labels, Sequence, soft_cross_entropy
 
 KINDS = ("eagle", "eagle3")
@@ -295,8 +296,8 @@ def unrolled_outputs(head, token_ids: torch.LongTensor, features: torch.Tensor, 
         queries = attention.q_proj(attention_input).view(count, width, heads, head_dim).transpose(1, 2)
         keys = attention.k_proj(attention_input).view(count, width, kv_heads, head_dim).transpose(1, 2)
         values = attention.v_proj(attention_input).view(count, width, kv_heads, head_dim).transpose(1, 2)
-        queries = queries * cos + _rotate_half(queries) * sin
-        keys = (keys * cos + _rotate_half(keys) * sin).repeat_interleave(groups, dim=1)  # [B, heads, T, d]
+        queries = queries * cos + rotate_half(queries) * sin
+        keys = (keys * cos + rotate_half(keys) * sin).repeat_interleave(groups, dim=1)  # [B, heads, T, d]
         values = values.repeat_interleave(groups, dim=1)
         if step == 0:
             base_keys, base_values = keys, values
@@ -319,6 +320,3 @@ def unrolled_outputs(head, token_ids: torch.LongTensor, features: torch.Tensor, 
     return outputs
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
