@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.errors import SpecbenchError
-from specbench.targets.layer_keys import rotate_half
+from specbench.heads.eagle_heads import rotate_half
 from specbench.training.heads import Batch, Labels, Sequence, soft_cross_entropy
 
 KINDS = ("eagle", "eagle3")
