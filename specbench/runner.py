@@ -85,7 +85,8 @@ def _run(cfg: DictConfig, settings: RunSettings, questions: list[Prompt], output
                             [prompt.question_id for prompt in questions if prompt.question_id not in skipped],
                             LevelWarmUp.of(settings))
         # With bounds, questions are all of the tasks' until fit: a finished run is then found finished once loaded.
-        return earlier, already_finished(output_dir, questions, settings.baseline, run_dir, engine_settings.load_levels)
+        return earlier, already_finished(output_dir, questions, settings.baseline, run_dir, engine_settings.load_levels,
+                                         engine_settings.paired)
 
     earlier, finished_summary = processes.decide(check_directory)
     if finished_summary is not None:

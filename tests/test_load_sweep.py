@@ -261,6 +261,13 @@ def test_a_run_under_load_only_measures_no_paired_question(monkeypatch, tmp_path
     assert read_answers(tmp_path) == []
     assert len(read_load_levels(tmp_path)) == 2
 
+    loads = []
+    monkeypatch.setattr(runner, "choose_engine", lambda cfg_: (type("Loads", (), {
+        "load": staticmethod(lambda *args: loads.append(args)), "starts_processes": False}),
+        config.choose_engine(cfg_)[1]))
+    run_benchmark(compose([*VLLM, "engine.concurrency=[2]", "engine.paired=false"]), str(tmp_path))
+    assert loads == []  # finished: every level is there, and no paired question was asked for; nothing is loaded
+
 
 def test_a_request_that_timed_out_is_a_skipped_question_and_the_run_goes_on(monkeypatch, tmp_path):
     engine, run = run_with(monkeypatch, tmp_path, ["engine.concurrency=[1]"], timeout=QUESTIONS[1])

@@ -136,20 +136,23 @@ def check_resumable(output_dir: str | Path, earlier: dict | None, settings: dict
 
 
 def already_finished(output_dir: str, questions: list[Prompt], with_baseline: bool,
-                     run_dir: RunDirectory | None = None, load_levels: list[int] = ()) -> dict | None:
-    """The summary of ``output_dir`` when it already holds every selected question for these settings, and every
-    level of ``load_levels`` (``EngineSettings.load_levels``) for both roles, so a re-run sweep skips finished cells
-    without loading anything; None otherwise. ``run_dir``: the RunDirectory the run opens afterwards, so that a
-    bad line read here is not warned about twice."""
+                     run_dir: RunDirectory | None = None, load_levels: list[int] = (),
+                     paired: bool = True) -> dict | None:
+    """The summary of ``output_dir`` when it already holds every selected question for these settings (unless the
+    run measures no paired questions: ``paired`` false, ``EngineSettings.paired``), and every level of
+    ``load_levels`` (``EngineSettings.load_levels``) for both roles, so a re-run sweep skips finished cells without
+    loading anything; None otherwise. ``run_dir``: the RunDirectory the run opens afterwards, so that a bad line
+    read here is not warned about twice."""
     summary_file = Path(output_dir) / "summary.json"
     if not summary_file.is_file():
         return None
     if not {(level, role) for level in load_levels for role in ("baseline", "method")} <= finished_levels(output_dir):
         return None  # an interrupted run under load, or one extended to more levels
-    run_dir = run_dir or RunDirectory(output_dir, with_baseline=with_baseline)
-    done = run_dir.finished_ids() | run_dir.skipped_ids()
-    if not all(prompt.question_id in done for prompt in questions):
-        return None
+    if paired:
+        run_dir = run_dir or RunDirectory(output_dir, with_baseline=with_baseline)
+        done = run_dir.finished_ids() | run_dir.skipped_ids()
+        if not all(prompt.question_id in done for prompt in questions):
+            return None
     return read_json_file(summary_file, "summary of the run in that directory")
 
 
