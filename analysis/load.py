@@ -30,7 +30,7 @@ POSITIONS = tuple(f"per_position_rate_{p}" for p in range(1, SHOWN_POSITIONS + 1
 # The per-level figures, method's and AR's (ar_ prefix), averaged over repeated runs.
 MEANS = ("ar_tokens_per_s", "tokens_per_s", "speedup", "ar_requests_per_s", "requests_per_s",
          *(f"ar_{name}" for name in TTFT), *TTFT, *(f"ar_{name}" for name in TPOT), *TPOT,
-         "mean_acceptance_length", *POSITIONS)
+         "mean_acceptance_length", *POSITIONS, "draft_ms_per_step", "draft_share")
 COUNTS = ("identical", "requests")  # summed over repeated runs
 RUN_LEVEL_COLUMNS = ["run_dir", *KEYS, "trustworthy", *MEANS, *COUNTS]
 
@@ -45,6 +45,7 @@ HEADERS = {
     "mean_acceptance_length": "mean acceptance length (vLLM)",
     **{name: f"accepted at position {name.rsplit('_', 1)[1]} of all drafts" for name in POSITIONS},
     "identical": "identical to AR",
+    "draft_ms_per_step": "draft ms per step", "draft_share": "drafting share of the time",
 }
 LOAD_LEGEND = (
     "Per concurrency (requests kept in flight), AR and the method each serving every question in one engine. "
@@ -54,7 +55,9 @@ LOAD_LEGEND = (
     "accepted draft tokens per draft; accepted at position i of all drafts: the drafts that accepted a token at "
     "position i over all drafts (vLLM's per-position acceptance rate, from the engine's counts; the acceptance "
     "table's accepted at position i divides by the drafts that reached i instead); identical to AR: requests "
-    "whose tokens equal AR's at the same concurrency; "
+    "whose tokens equal AR's at the same concurrency; draft ms per step and drafting share of the time "
+    "(engine=vllm-custom): the milliseconds specbench's drafter took inside each of vLLM's steps, and its seconds "
+    "over the level's wall time (drafting is on the engine's critical path); "
     "-: not known (no AR line at that level, or a figure the engine did not record)")
 
 
@@ -104,6 +107,9 @@ def run_levels(load: pd.DataFrame) -> pd.DataFrame:
         # identical_to_baseline is None when the baseline's level was missing: unknown, not 0
         row["identical"] = _number(method.get("identical_to_baseline")) if method is not None else np.nan
         row["requests"] = _number(method.get("requests")) if method is not None else np.nan
+        row["draft_ms_per_step"] = _number(method.get("proposer_draft_ms_per_call")) if method is not None else np.nan
+        row["draft_share"] = (_number(method.get("proposer_draft_s")) / _number(method.get("duration_s"))
+                              if method is not None else np.nan)
         rows.append(row)
     frame = pd.DataFrame(rows, columns=RUN_LEVEL_COLUMNS)
     return frame.sort_values(["model", "label", "concurrency", "run_dir"], kind="stable").reset_index(drop=True)
@@ -152,6 +158,8 @@ def _cell(column: str, value, requests=None) -> str:
         return f"{value:.1f}"
     if column.endswith("_ms"):
         return f"{value:.1f}"
+    if column == "draft_share":
+        return f"{value:.1%}"
     return f"{value:.2f}"
 
 

@@ -502,7 +502,9 @@ LOAD_LEVEL_COLUMNS = ["concurrency", "role", "method", "requests", "output_token
                       "output_tokens_per_s", "requests_per_s",
                       *(f"{name}_{key}" for name in DISTRIBUTIONS for key in DISTRIBUTION_KEYS),
                       "mean_acceptance_length", "per_position_acceptance_rate", "identical_to_baseline"]
-LOAD_COLUMNS = [*RUN_COLUMNS, *LOAD_LEVEL_COLUMNS]
+# What a proposer drafting inside the engine's steps did (engine=vllm-custom's ``proposer``), flattened; None otherwise.
+PROPOSER_KEYS = ("draft_s", "draft_ms_per_call")
+LOAD_COLUMNS = [*RUN_COLUMNS, *LOAD_LEVEL_COLUMNS, *(f"proposer_{key}" for key in PROPOSER_KEYS)]
 
 # Why a run is left out of the analyses of step times when none of its steps has them.
 NO_STEP_TIMES = "no per-step times: recorded by an engine that does not expose them"
@@ -555,6 +557,8 @@ def _load_rows(run: _Run, problems: list[str]) -> list[dict]:
         row = {**run.info, **{key: level.get(key) for key in LOAD_LEVEL_COLUMNS}}
         for name in DISTRIBUTIONS:
             row.update({f"{name}_{key}": level[name].get(key) for key in DISTRIBUTION_KEYS})
+        proposer = level.get("proposer") or {}
+        row.update({f"proposer_{key}": proposer.get(key) for key in PROPOSER_KEYS})
         rows.append(row)
     if lines.warning() is not None:
         _problem(problems, lines.warning())

@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specbench.engines.base import BASELINE, METHOD, Engine
+from specbench.results.proposer import ProposerCounters
 from specbench.errors import SpecbenchError
 from specbench.questions import Prompt
 from specbench.results.left_out import warn_once
@@ -142,14 +143,17 @@ def measure_load(engine: Engine, method: str, run_dir: str | Path, prompts: list
             bar.set_postfix_str(f"{names[role]}, {level} in flight, {len(prompts)} requests")
             try:
                 warm_up.run(engine, prompts, role, level)
+                before = engine.proposer_counters() if role == METHOD else None
                 served, duration = engine.serve(prompts, role, level)
+                after = engine.proposer_counters() if before is not None else None
             except SpecbenchError as error:
                 raise SpecbenchError(f"the load level of {level} requests in flight ({names[role]}) did not finish: "
                                      f"{error}; nothing of it was written, and the same command resumes at it") from None
             baseline = done.get((level, BASELINE)) if role == METHOD else None
             line = summarise_level(level, role, names[role], served, duration,
                                    baseline_digests=None if baseline is None else baseline["token_digests"],
-                                   warm_up=warm_up.record()).to_line()
+                                   warm_up=warm_up.record(),
+                                   proposer=None if after is None else ProposerCounters.between(before, after)).to_line()
             append_whole(path, (json.dumps(line) + "\n").encode(), sync=True)
             done[(level, role)] = line
             bar.update(1)

@@ -156,3 +156,63 @@ def test_a_killed_or_interrupted_run_leaves_no_vllm_process(tmp_path, kill):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+# --- engine=vllm-custom: specbench's drafters inside vLLM's step -------------------------------------------------
+
+FAULTS = ROOT / "tests" / "fixtures" / "proposer_faults"  # a sitecustomize that injects a fault into the proposer
+
+
+@pytest.mark.slow  # about 3 min: two runs, each starting two vLLM engines (CI runs it)
+def test_specbench_drafters_run_inside_vllm_losslessly_batch_1_and_under_load(tmp_path):
+    """drafter=pld and drafter=hd-chains through vLLM's custom_class proposer: every answer identical to vLLM's AR,
+    batch 1 and with 2 requests in flight, under their names (hd-chains' trees cut to their best chain: +chain), the
+    proposer's cost recorded per level, and vLLM given the proposer's longest chain."""
+    python = vllm_python()
+    for drafter, label, longest in (("pld", "pld", 10), ("hd-chains", "hd-chains+chain", 4)):
+        run = tmp_path / drafter
+        done = specbench(python, *TINY, "engine=vllm-custom", f"drafter={drafter}", "engine.concurrency=[2]",
+                         *(["drafter.model_db_build.max_prompts=8", "drafter.model_db_build.max_new_tokens=32"]
+                           if drafter == "hd-chains" else []), f"hydra.run.dir={run}")
+        assert done.returncode == 0, done.stderr[-4000:]
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["method"] == f"{label}@vllm-custom"
+        assert summary["tasks"]["overall"]["identical_to_baseline"] == 3  # lossless against vLLM's AR
+        run_json = json.loads((run / "run.json").read_text())
+        assert run_json["vllm"]["speculative_config"] == {
+            "method": "custom_class", "model": "specbench.engines.vllm_proposer.SpecbenchProposer",
+            "num_speculative_tokens": longest}
+        levels = [json.loads(line) for line in (run / "load.jsonl").read_text().splitlines()]
+        baseline, method = levels
+        assert baseline["method"] == "ar@vllm-custom" and baseline["proposer"] is None
+        assert method["identical_to_baseline"] == 3 and method["drafts"] > 0
+        proposer = method["proposer"]
+        assert proposer["calls"] > 0 and proposer["requests"] >= proposer["calls"] and proposer["draft_s"] > 0
+        assert proposer["forks_started"] == 3  # one fork per request, none rebuilt
+        assert proposer["rebuilt"] == 0
+        assert not (run / "engine_processes.json").exists()
+
+
+@pytest.mark.slow  # about 3 min (CI runs it)
+@pytest.mark.parametrize("fault, line", [
+    ("raise:30", "drafter=pld failed while drafting inside vLLM's worker: RuntimeError: a fault injected into the drafter"),
+    ("long:30", "drafter=pld failed while drafting inside vLLM's worker: pld proposed a chain of 11 tokens, more than "
+                "the 10 vLLM was started to verify (num_speculative_tokens)")])
+def test_a_drafter_that_fails_inside_vllm_stops_the_run_in_its_own_line_and_the_run_resumes(tmp_path, fault, line):
+    python = vllm_python()
+    run = tmp_path / "run"
+    overrides = [*TINY, "engine=vllm-custom", "drafter=pld", f"hydra.run.dir={run}"]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{FAULTS}", "SPECBENCH_TEST_PROPOSER_FAULT": fault}
+    failed = subprocess.run([python, "-m", "specbench", *overrides], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=600)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    [error] = [text for text in failed.stderr.splitlines() if text.startswith("specbench: error")]
+    assert line in error and "nothing of the question in flight was written" in error
+    answered = (run / "answers.jsonl").read_text().splitlines() if (run / "answers.jsonl").exists() else []
+    assert all(text.endswith("}") for text in answered)  # whole lines only
+    assert not (run / "engine_processes.json").exists()  # vLLM's processes ended with the run
+
+    resumed = specbench(python, *overrides)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["tasks"]["overall"]["questions"] == 3 and summary["tasks"]["overall"]["identical_to_baseline"] == 3

@@ -145,7 +145,7 @@ def test_a_config_without_an_engine_group_gets_the_default_engine():
 ])
 def test_an_engine_that_is_not_one_is_one_line_naming_the_engines(overrides, says):
     line = refusal(check_config, compose(["model=tiny-random", *overrides]))
-    assert line.startswith(says) and line.endswith("choose engine=specbench or engine=vllm")
+    assert line.startswith(says) and line.endswith("choose engine=specbench or engine=vllm or engine=vllm-custom")
 
 
 # --- speculative_config -----------------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def test_an_unknown_engine_is_refused_naming_the_engines():
     with pytest.raises(MissingConfigException) as error:
         compose(["engine=sglang"])
     assert config_error_line(error.value) == ("engine=sglang: no such config in conf/engine/; choose one of "
-                                              "specbench, vllm")
+                                              "specbench, vllm, vllm-custom")
 
 
 def test_the_default_configuration_passes():

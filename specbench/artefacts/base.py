@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 Loaded = TypeVar("Loaded")
 
+# Why this process may not build artefacts, only load them (None: it may): vLLM's worker, where a drafter runs
+# without the target's weights (``engines.vllm_proposer.refuse_builds``).
+BUILDS_REFUSED: str | None = None
+
 
 def load_or_rebuild(directory: Path, what: str, load: Callable[[], Loaded], build: Callable[[], None]) -> Loaded:
     """A cached (``auto``) artefact: ``load()`` it if it is there and passes its checks; otherwise ``build()`` it
@@ -39,8 +43,12 @@ def load_or_rebuild(directory: Path, what: str, load: Callable[[], Loaded], buil
     if directory.exists():
         try:
             return load()
-        except SpecbenchError:
-            pass  # damaged, or another process published a new version while it was read: judged under the lock
+        except SpecbenchError as error:
+            if BUILDS_REFUSED is not None:
+                raise SpecbenchError(f"the {what} in {directory} does not load ({error}), and {BUILDS_REFUSED}") from None
+            # damaged, or another process published a new version while it was read: judged under the lock
+    if BUILDS_REFUSED is not None:
+        raise SpecbenchError(f"the {what} is not in the cache ({directory}), and {BUILDS_REFUSED}")
     require_writable(directory)
     try:
         versions_dir(directory).mkdir(parents=True, exist_ok=True)

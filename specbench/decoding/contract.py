@@ -27,6 +27,7 @@ bonus token). Plain autoregressive decoding therefore accepts exactly 1 token pe
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -46,6 +47,10 @@ class Draft:
                 (Lookahead's Jacobi window): they are never accepted. None means all are candidates.
     sources:    [n] a label per token naming where it came from (HD's databases); the label of the last
                 accepted token is recorded with the step. None when the drafter has one source.
+    scores:     [n] the drafter's own ranking of its nodes, higher is better (REST: how many retrieved
+                continuations start with the node's path), read only where a tree must be cut to one chain (a
+                serving engine that verifies chains: ``decoding.tree.best_chain``). None: the drafter lists each
+                node's best child first.
     """
 
     token_ids: torch.LongTensor
@@ -53,6 +58,7 @@ class Draft:
     probs: torch.FloatTensor | None = None
     candidates: torch.BoolTensor | None = None
     sources: tuple[str, ...] | None = None
+    scores: torch.Tensor | None = None
 
     def __post_init__(self):
         assert self.token_ids.ndim == 1, "Draft.token_ids must be 1-D"
@@ -64,6 +70,8 @@ class Draft:
             assert self.candidates.shape == self.token_ids.shape and self.candidates.dtype == torch.bool
         if self.sources is not None:
             assert len(self.sources) == self.token_ids.shape[0]
+        if self.scores is not None:
+            assert self.scores.shape == self.token_ids.shape, "Draft.scores must match token_ids"
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -206,6 +214,19 @@ class Drafter(ABC):
         """After ``prepare``: the fingerprint of the draft model's weights this drafter runs (run.json's
         ``draft_weights_fingerprint``, which a resumed run must match); None for a drafter without a draft model."""
         return None
+
+    def fork(self) -> Drafter:
+        """After ``prepare``: a drafter for another question decoded at the same time (a serving engine's batch,
+        ``specbench.engines.vllm_proposer``), sharing what ``prepare`` loaded (databases, automata) and holding
+        per-question state of its own, which its ``begin`` starts. The default, a shallow copy, serves a drafter
+        whose per-question state ``begin`` replaces rather than mutates (PLD and REST keep none); a drafter that
+        mutates per-question objects in place overrides it."""
+        return copy.copy(self)
+
+    def fork_ended(self) -> None:
+        """Called on a fork (``fork``) once its question has ended (a serving engine's request finished): a drafter
+        whose forks share what they learn across questions hands its share over here (SuffixDecoding's response
+        joins the global tree the other forks begin from). Nothing by default."""
 
     def state(self) -> dict[str, np.ndarray] | None:
         """What this drafter carries from one question to the next (Token Recycling's matrix), as named

@@ -56,6 +56,30 @@ def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
     return visible
 
 
+def best_chain(draft_parents: np.ndarray, scores: np.ndarray | None = None,
+               candidates: np.ndarray | None = None) -> np.ndarray:
+    """The draft indices of a tree's best chain, shallowest first: from the root, at each node its child with the
+    highest score (``scores``, higher is better; among equal scores, and without scores, the child listed first,
+    as drafters list their best first), never through a node that is not a candidate (``candidates`` False). What a serving
+    engine that verifies one chain per request runs of a tree drafter (``engines.vllm_proposer``).
+
+    Example: parents [-1, 0, -1, 2, 2] (root->a->b, root->c->{d, e}): the chain is [0, 1] without scores; with
+    scores [1, 1, 3, 1, 2] it is [2, 4].
+    """
+    parents = np.asarray(draft_parents, dtype=np.int64)
+    if parents.size and np.any(parents >= np.arange(parents.size)):
+        raise ValueError("draft parents must precede their children (parents[i] < i)")
+    allowed = np.ones(parents.size, dtype=bool) if candidates is None else np.asarray(candidates, dtype=bool)
+    ranking = np.zeros(parents.size) if scores is None else np.asarray(scores, dtype=np.float64)
+    chain, at = [], -1
+    while True:
+        children = np.flatnonzero((parents == at) & allowed)
+        if children.size == 0:
+            return np.asarray(chain, dtype=np.int64)
+        at = int(children[np.argmax(ranking[children])])  # argmax keeps the first of equal scores
+        chain.append(at)
+
+
 def select_nodes(
     draft_parents: np.ndarray, candidates: np.ndarray | None, max_depth: int, max_nodes: int,
     depths: np.ndarray | None = None,

@@ -14,6 +14,7 @@ keys that switch to specbench's own variants (a deduplicated trie, every generat
 
 from __future__ import annotations
 
+import copy
 import random
 
 import numpy as np
@@ -190,6 +191,14 @@ class HierarchyDrafting(Drafter):
                                            least_frequent_first=self.model_db_least_frequent_first)
         for name, loaded in fetch(self._cached(target)).items():
             setattr(self, name, loaded)
+
+    def fork(self) -> HierarchyDrafting:
+        # The databases are shared; the context database, the window and the pad draws are one question's.
+        forked = copy.copy(self)
+        forked.context_db = NGramPool(1, self.draft_length, self.per_key_capacity)
+        forked.window = copy.deepcopy(self.window)
+        forked._pad_draws = random.Random(self.seed)
+        return forked
 
     def sources(self) -> dict:
         found = {}

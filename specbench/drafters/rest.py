@@ -179,8 +179,9 @@ class RetrievalDrafter(Drafter):
 
     def propose(self, context_ids: np.ndarray) -> Draft:
         length, lo, hi = self.datastore.longest_suffix_match(context_ids, self.max_suffix_length, self.min_suffix_length)
-        tokens, parents, _ = retrieved_tree(self.datastore, lo, hi, length, self.continuation_length,
-                                            self.max_matches, self.match_sampling, self.num_draft, self.cut)
+        tokens, parents, counts = retrieved_tree(self.datastore, lo, hi, length, self.continuation_length,
+                                                 self.max_matches, self.match_sampling, self.num_draft, self.cut)
         if tokens.size == 0:
             return no_match_draft(self.no_match_token)
-        return Draft(torch.from_numpy(tokens), torch.from_numpy(parents))
+        # counts rank the nodes where a tree is cut to its best chain: the most frequent continuation
+        return Draft(torch.from_numpy(tokens), torch.from_numpy(parents), scores=torch.from_numpy(counts))

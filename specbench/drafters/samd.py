@@ -22,6 +22,7 @@ As the authors' code runs it on Spec-Bench (model/samd @fd2c1cd; docs/fidelity.m
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import numpy as np
@@ -31,6 +32,7 @@ from specbench.datastores.suffix_automaton import DynamicSuffixAutomaton, Static
 from specbench.decoding.contract import Draft, Drafter, StepOutcome
 from specbench.drafters.base import require_choice, require_non_negative, require_number, require_positive
 from specbench.drafters.recycling import TokenRecycling
+from specbench.errors import SpecbenchError
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +165,18 @@ class SuffixAutomatonDrafter(FollowsContext, Drafter):
         draft_tokens = torch.tensor(tokens[1:], dtype=torch.long)
         draft_parents = torch.tensor([parent - 1 for parent in parents[1:]], dtype=torch.long)
         return Draft(draft_tokens, parents=draft_parents, sources=("corpus",) * len(draft_tokens))
+
+    def fork(self) -> SuffixAutomatonDrafter:
+        # The corpus automaton's arrays are shared; its cursor and the context automaton are one question's. Token
+        # Recycling's matrix, learnt across questions, is not shared between concurrent questions.
+        if self.recycling is not None:
+            raise SpecbenchError(f"drafter={self.name} with auxiliary=recycling learns one matrix from every question "
+                                 "in turn and cannot be forked for questions decoded at the same time; use "
+                                 "drafter.auxiliary=none")
+        forked = copy.copy(self)
+        forked.context = DynamicSuffixAutomaton()
+        forked.static = copy.copy(self.static)
+        return forked
 
     def state(self) -> dict[str, np.ndarray] | None:
         return None if self.recycling is None else self.recycling.state()

@@ -28,6 +28,7 @@ decides, which this module follows where the history it needs is just the order 
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 from dataclasses import dataclass, field
@@ -239,6 +240,21 @@ def speculate(sequences: TokenSequences, pattern: np.ndarray, max_depth: int, ma
     return best
 
 
+class FinishedResponses:
+    """The responses of finished questions that a SuffixDecoding drafter's forks share, oldest first, at most
+    ``capacity`` (the oldest evicted first, as the cache evicts)."""
+
+    def __init__(self, responses, capacity: int):
+        self.capacity = capacity
+        self.responses: list[np.ndarray] = list(responses)[-capacity:] if capacity else []
+
+    def add(self, response: np.ndarray) -> None:
+        self.responses = (self.responses + [response])[-self.capacity:]
+
+    def latest(self, count: int) -> list[np.ndarray]:
+        return self.responses[max(0, len(self.responses) - count):] if count > 0 else []
+
+
 class SuffixDecoding(Drafter):
     """SuffixDecoding's drafter (see the module docstring); vLLM's defaults (SpeculativeConfig, ``suffix``).
 
@@ -282,6 +298,9 @@ class SuffixDecoding(Drafter):
         self.local = TokenSequences()  # the current request's prompt and output
         self.global_tree = TokenSequences()  # the cached responses, oldest first, then the open request's
         self._open = False  # whether a request is open (its response the global tree's last sequence)
+        # The finished responses that forks decoding questions at the same time share (``fork``); None: this drafter
+        # decodes one question at a time and its global tree is the cache itself.
+        self._shared: FinishedResponses | None = None
 
     @property
     def responses(self) -> list[np.ndarray]:
@@ -295,6 +314,11 @@ class SuffixDecoding(Drafter):
         self.local = TokenSequences()
         self.local.extend(prompt_ids)
         if self.max_cached_requests == 0:
+            return
+        if self._shared is not None:  # a fork: the responses finished so far, then its own
+            self.global_tree = TokenSequences.of(self._shared.latest(self.max_cached_requests - 1))
+            self.global_tree.start()
+            self._open = True
             return
         self._open = False  # the previous request's response is a finished one now
         # The new request takes a slot of the cache too (cache.py _generate_seq_id, _maybe_evict_requests).
@@ -323,6 +347,26 @@ class SuffixDecoding(Drafter):
         tokens = torch.tensor(best.token_ids, dtype=torch.long)
         parents = torch.tensor(best.parents, dtype=torch.long) if self.tree_spec else None
         return Draft(tokens, parents=parents, sources=(source,) * len(best.token_ids))
+
+    # ---- questions decoded at the same time (a serving engine's batch) ------------------------------------
+
+    def fork(self) -> SuffixDecoding:
+        """A fork with its own per-request tree and a global tree of its own, begun from the responses finished
+        before its question began (those this drafter held, then those of forks that have ended), its own response
+        last. specbench's global tree holds one open response, so a fork sees another fork's response once that
+        question has ended, where ArcticInference's cache (vLLM's ``suffix``) adds every active response as it grows."""
+        forked = copy.copy(self)
+        forked.local, forked.global_tree, forked._open = TokenSequences(), TokenSequences(), False
+        if self.max_cached_requests > 0:
+            if self._shared is None:
+                self._shared = FinishedResponses(self.responses, self.max_cached_requests)
+            forked._shared = self._shared
+        return forked
+
+    def fork_ended(self) -> None:
+        if self._shared is not None and self._open:
+            self._shared.add(self.global_tree.sequences()[-1].copy())
+            self._open = False
 
     # ---- the global tree carried across questions --------------------------------------------------------
 

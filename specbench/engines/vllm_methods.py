@@ -89,11 +89,11 @@ class VllmSettings(EngineSettings):
         return list(self.concurrency)
 
     @staticmethod
-    def from_config(node: dict) -> VllmSettings:
+    def from_config(node: dict, engine_name: str = "vllm") -> VllmSettings:
         known = {item.name for item in fields(VllmSettings)}
         unknown = sorted(set(node) - known)
         if unknown:
-            raise SpecbenchError(f"engine.{unknown[0]} is not a setting of engine=vllm; its settings: "
+            raise SpecbenchError(f"engine.{unknown[0]} is not a setting of engine={engine_name}; its settings: "
                                  f"{', '.join(sorted(known))}")
         settings = VllmSettings(**node)
         settings.check()
@@ -195,11 +195,17 @@ def check_vllm_config(engine: dict, drafter: dict, run: dict) -> VllmSettings:
     vLLM runs the drafter, and the run settings that only specbench's loop honours. Returns the settings."""
     settings = VllmSettings.from_config(dict(engine))
     vllm_method(drafter)
+    check_run_for_vllm(run, "vllm")
+    return settings
+
+
+def check_run_for_vllm(run: dict, engine_name: str) -> None:
+    """Refuse the run settings that only specbench's own loop honours (vLLM's engines, ``engine_name``)."""
     if run.get("regime", "eager") != "eager":
-        raise SpecbenchError(f"run.regime={run['regime']} is a regime of specbench's own loop; engine=vllm compiles "
-                             "and captures its target in its own way: use run.regime=eager with engine=vllm")
+        raise SpecbenchError(f"run.regime={run['regime']} is a regime of specbench's own loop; engine={engine_name} "
+                             f"compiles and captures its target in its own way: use run.regime=eager with "
+                             f"engine={engine_name}")
     for key, value in LOOP_ONLY_RUN_SETTINGS.items():
         if str(run.get(key, value)) != value:
-            raise SpecbenchError(f"run.{key}={run[key]} tunes specbench's own loop; engine=vllm runs vLLM's "
+            raise SpecbenchError(f"run.{key}={run[key]} tunes specbench's own loop; engine={engine_name} runs vLLM's "
                                  f"scheduler, which has no such setting: use run.{key}={value} or engine=specbench")
-    return settings

@@ -127,10 +127,11 @@ def keeping_interrupts(start, undo):
 class ServedModel:
     """One vLLM engine: ``complete`` one request at a time, ``serve`` many with a number kept in flight."""
 
-    def __init__(self, engine_args: dict, label: str):
+    def __init__(self, engine_args: dict, label: str, explain=None):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         self.label = label
+        self.explain = explain  # what a failing proposer inside the engine said (vllm_proposer.fault_line), if any
         self.loop = asyncio.new_event_loop()
         self._ids = itertools.count()
         args = AsyncEngineArgs(**engine_args)
@@ -166,7 +167,7 @@ class ServedModel:
                                   f"(engine.request_timeout_s) with {len(stream.tokens)} tokens; it was aborted"
                                   ) from None
         except Exception as error:
-            raise _engine_failure(error, self.label) from error
+            raise _engine_failure(error, self.label, self.explain() if self.explain else None) from error
         return stream.completion(params.logprobs)
 
     def complete(self, prompt_ids: list[int], params, timeout_s: float) -> tuple[Completion, float]:
@@ -225,14 +226,16 @@ class ServedModel:
             self.loop.close()
 
 
-def _engine_failure(error: Exception, label: str) -> Exception:
-    """A failure inside vLLM as one line: its engine process gone, or whatever it said."""
+def _engine_failure(error: Exception, label: str, reason: str | None = None) -> Exception:
+    """A failure inside vLLM as one line: its engine process gone, or whatever it said; ``reason``: what a proposer
+    that failed inside it wrote (its own line says why better than vLLM's)."""
     from vllm.v1.engine.exceptions import EngineDeadError
 
     if isinstance(error, SpecbenchError):
         return error
-    if isinstance(error, EngineDeadError):
-        return EngineDied(f"vLLM's engine process ({label}) died while decoding ({_one_line(error)}); nothing of the "
+    if isinstance(error, EngineDeadError) or reason is not None:
+        why = reason or _one_line(error)
+        return EngineDied(f"vLLM's engine process ({label}) died while decoding ({why}); nothing of the "
                           "question in flight was written: run the same command again to resume")
     return SpecbenchError(f"vLLM ({label}) failed a request: {_one_line(error)}")
 

@@ -122,6 +122,9 @@ class LoadLevel:
     question_ids: list = field(default_factory=list)
     token_digests: dict = field(default_factory=dict)
     warm_up: dict | None = None
+    # what a proposer drafting inside the engine's steps did during the level (engine=vllm-custom;
+    # ``results.proposer.ProposerCounters.between``): None where the engine drafts with its own methods
+    proposer: dict | None = None
 
     def to_line(self) -> dict:
         return asdict(self)
@@ -134,7 +137,7 @@ def token_digest(token_ids) -> str:
 
 def summarise_level(concurrency: int, role: str, method: str, requests: list[ServedRequest], duration_s: float,
                     baseline_tokens: dict | None = None, baseline_digests: dict | None = None,
-                    warm_up: dict | None = None) -> LoadLevel:
+                    warm_up: dict | None = None, proposer: dict | None = None) -> LoadLevel:
     """A ``LoadLevel`` from what the client measured (``requests``, ``duration_s``) and the verify steps the
     requests carry (the speculative figures: none when no request speculated, AR).
     For ``identical_to_baseline``, the baseline at this level: ``baseline_tokens`` (question id -> its tokens) or
@@ -154,6 +157,7 @@ def summarise_level(concurrency: int, role: str, method: str, requests: list[Ser
         question_ids=[request.question_id for request in requests],
         token_digests={str(request.question_id): token_digest(request.token_ids) for request in requests},
         warm_up=warm_up,
+        proposer=proposer,
     )
     speculated = [request for request in requests if request.draft_depths is not None]
     if speculated:
@@ -258,6 +262,10 @@ def level_problem(line) -> str | None:
         return "has no token_digests"
     if line.get("warm_up") is not None and not isinstance(line["warm_up"], dict):
         return f"has warm_up {shown(line['warm_up'])}, not an object"
+    proposer = line.get("proposer")
+    if proposer is not None and (not isinstance(proposer, dict) or not _count(proposer.get("calls"))
+                                 or not _number(proposer.get("draft_s")) or proposer["draft_s"] < 0):
+        return f"has proposer {shown(proposer)}, not {{calls, draft_s, ...}} counts and seconds"
     return None
 
 
