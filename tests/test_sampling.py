@@ -104,11 +104,12 @@ def make(name, small):
 #   the same DraftModel with, on tiny-random, the same pruned draft), a chain (pld; pld-hd is its setting), a
 #   drafter fed the sampled output inside Lookahead's window (hd, the window and its databases; hd-chains and
 #   lookahead are its parts), a static tree learning from the target's top-k (recycling; samd and hybrid add
-#   SAM's chain to it, rest builds one tree per step from its datastore), a state kept across questions (suffix),
+#   SAM's chain to it, samd-automata SAM's chains and corpus trees alone, rest builds one tree per step from its
+#   datastore), a state kept across questions (suffix),
 #   a trained head's dynamic tree (eagle3; eagle and eagle2 use EAGLE-1's head, medusa's heads a static tree, hydra's static tree of
 #   heads, all deterministic drafts), and no draft (ar).
 SAME_AS_DRAFT_MODEL = ("draft_model", "opt-small", "qwen-0.5b", "wide-pruned", "hd-chains", "pld-hd", "eagle2",
-                       "eagle", "lookahead", "samd", "hybrid", "rest", "medusa", "hydra")
+                       "eagle", "lookahead", "samd", "samd-automata", "hybrid", "rest", "medusa", "hydra")
 # Of the kinds above, the default run keeps the four the rule treats differently (a draft model's probabilities,
 # a chain, a static tree, a trained head's tree over its own vocabulary); no draft (ar), Lookahead's window (hd)
 # and the kept state (suffix), 35 s together, run with -m slow, to keep the default run under 8 minutes.
