@@ -279,11 +279,17 @@ def test_suffix_requests_one_after_another_draft_as_the_drafter_does_one_questio
     assert len(expected[2]) < len(expected[0])  # the later requests take fewer steps: they draft from earlier responses
 
 
-def test_rows_that_do_not_decode_this_step_get_no_draft_and_keep_their_fork(tiny):
-    drafters = RequestDrafters(configured_drafter("pld", tiny), "pld", 10, False)
+def test_rows_that_do_not_decode_this_step_get_no_draft_and_keep_their_fork(tiny, tmp_path):
+    counters = ProposerCounters(tmp_path / "c.f64", create=True)
+    drafters = RequestDrafters(configured_drafter("pld", tiny), "pld", 10, False, counters)
     tokens = np.array([[1, 5, 6, 7, 5, 6, 0, 0], [1, 2, 3, 0, 0, 0, 0, 0]], dtype=np.int32)
     chains = drafters.propose([[6], []], np.array([6, 3]), tokens, 4096)  # row 1: a prefill chunk
     assert chains[1] == [] and len(chains[0]) > 0 and len(drafters.forks) == 1
+    moved = tokens[::-1].copy()  # row 0's request, now in row 1, decodes nothing this step
+    assert drafters.propose([[], []], np.array([3, 6]), moved, 4096) == [[], []] and len(drafters.forks) == 1
+    tokens[0, 6] = 7
+    assert len(drafters.propose([[7]], np.array([7]), tokens[:1], 4096)[0]) > 0
+    assert counters.read()["forks_started"] == 1  # the same fork throughout
 
 
 def test_a_chain_is_cut_to_the_room_left_in_the_context(tiny):

@@ -189,10 +189,16 @@ class RequestDrafters:
         started = time.perf_counter()
         # First each decoding row finds the fork that saw its tokens before this step (None: a request not seen).
         rows: list[tuple[int, np.ndarray, np.ndarray, RequestFork | None]] = []
+        kept: dict[bytes, RequestFork] = {}
         for row, appended in enumerate(sampled_token_ids):
             length = int(num_tokens_no_spec[row])
             if not len(appended) or length <= len(appended):
-                continue  # the row did not decode this step (a prefill chunk): nothing to verify
+                # The row did not decode this step (a prefill chunk): nothing to verify; a fork that saw its tokens
+                # stays its fork.
+                unchanged = np.asarray(token_ids_cpu[row, :length], dtype=np.int64).tobytes()
+                if unchanged in self.forks:
+                    kept[unchanged] = self.forks.pop(unchanged)
+                continue
             context = np.asarray(token_ids_cpu[row, :length], dtype=np.int64)
             before = context[: length - len(appended)]
             rows.append((row, context, context[length - len(appended):], self.forks.pop(before.tobytes(), None)))
@@ -202,7 +208,6 @@ class RequestDrafters:
         for fork in self.forks.values():
             fork.drafter.fork_ended()
         chains: list[list[int]] = [[] for _ in sampled_token_ids]
-        kept: dict[bytes, RequestFork] = {}
         started_forks = rebuilt = requests = proposed = 0
         for row, context, appended, fork in rows:
             if fork is None:  # a request this proposer has not seen: its tokens before this step are its prompt
