@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,14 +78,11 @@ def run(engine: str, drafter: str, levels: list[int], args, directory: Path) -> 
 
 
 def host() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
-    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("flags")), [])
-    vector = [flag for flag in ("avx2", "avx512f", "amx_tile") if flag in flags]
-    import os
+    from specbench.measure.machine import cpu_model_and_flags
 
-    return f"{cpu}, {os.cpu_count()} cores, {' '.join(vector) or 'no AVX2'}"
+    model, flags = cpu_model_and_flags()
+    vector = [flag for flag in ("avx2", "avx512f", "amx_tile") if flag in flags.split()]
+    return f"{model or 'unknown CPU'}, {os.cpu_count()} cores, {' '.join(vector) or 'no AVX2'}"
 
 
 def rows(directory: Path) -> list[dict]:

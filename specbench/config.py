@@ -153,21 +153,30 @@ def default_option(group: str) -> str:
     raise KeyError(f"conf/config.yaml picks no default for the {group} group")
 
 
-@functools.cache
-def option_target(group: str, name: str) -> str | None:
-    """The ``_target_`` config ``conf/<group>/<name>.yaml`` composes to, read from the files without composing
-    (a few milliseconds, where composing every drafter config takes seconds): its own, or the one its defaults
-    list brings from another config of its group, whichever Hydra applies last (the config itself at its
-    ``_self_`` entry, at the end when it has none). None when neither has one."""
+def option_values(group: str, name: str) -> dict:
+    """The top-level values config ``conf/<group>/<name>.yaml`` composes to, read from the files without composing
+    (a few milliseconds, where composing every drafter config takes seconds), interpolations left as written: its
+    own over those its defaults list brings from other configs of its group, in the order Hydra applies them (the
+    config itself at its ``_self_`` entry, at the end when it has none)."""
     node = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
     entries = [entry for entry in node.get("defaults", []) if isinstance(entry, str)]
     if "_self_" not in entries:
         entries.append("_self_")
-    target = None
+    values = {}
     for entry in entries:
-        found = node.get("_target_") if entry == "_self_" else option_target(group, entry)
-        target = found or target
-    return target
+        if entry == "_self_":
+            own = OmegaConf.to_container(node, resolve=False)
+            values.update({key: value for key, value in own.items() if key != "defaults"})
+        else:
+            values.update(option_values(group, entry))
+    return values
+
+
+@functools.cache
+def option_target(group: str, name: str) -> str | None:
+    """The ``_target_`` config ``conf/<group>/<name>.yaml`` composes to (``option_values``); None when neither it nor
+    a config its defaults list brings has one."""
+    return option_values(group, name).get("_target_")
 
 
 @functools.cache

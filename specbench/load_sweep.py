@@ -23,11 +23,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specbench.engines.base import BASELINE, METHOD, Engine
-from specbench.results.proposer import ProposerCounters
 from specbench.errors import SpecbenchError
 from specbench.questions import Prompt
 from specbench.results.left_out import warn_once
 from specbench.results.load import LOAD_FILE, LoadLines, question_set, read_load_lines, summarise_level
+from specbench.results.proposer import ProposerCounters
 from specbench.results.question_keys import question_key, shown
 from specbench.storage.atomic import append_whole
 from specbench.storage.refusal import raise_refusal

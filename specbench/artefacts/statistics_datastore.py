@@ -40,9 +40,13 @@ log = logging.getLogger(__name__)
 SECONDS_PER_CORPUS_BYTE = 15.0 / 11e6
 
 
+def tokenizer_name(tokenizer) -> str:
+    """How a datastore's manifest names a tokenizer: its hub id or path, else its class."""
+    return getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+
+
 def tokenizer_manifest(target) -> dict:
-    name = getattr(target.tokenizer, "name_or_path", None) or type(target.tokenizer).__name__
-    return {"name": f"{target.name} ({name})", "fingerprint": target.tokenizer_fingerprint}
+    return {"name": f"{target.name} ({tokenizer_name(target.tokenizer)})", "fingerprint": target.tokenizer_fingerprint}
 
 
 def build_datastore(target, corpus: str, directory: Path, cache: Path) -> TokenDatastore:

@@ -102,7 +102,7 @@ class VllmCustomEngine(VllmEngine):
         args = engine_arguments(target_dir, model, engine, settings, platform)
         check_head_size(model, platform)
         release(model, drafter)
-        drafter = None
+        drafter = None  # its databases too: vLLM's worker loads its own copy
         try:
             served = start_engines(args, spec, settings.baseline or bool(engine.concurrency), None, shape.label,
                                    method_args={"additional_config": {CONFIG_KEY: proposer.to_config()}},

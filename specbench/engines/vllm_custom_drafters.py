@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.config import group_options, option_target
+from specbench.config import group_options, option_values
 from specbench.errors import SpecbenchError
 
 PLD = "specbench.drafters.pld.PromptLookup"
@@ -63,22 +63,7 @@ class CustomDrafter:
 def custom_drafters() -> list[str]:
     """The drafter configs (conf/drafter/) engine=vllm-custom runs as they are, in order."""
     return [name for name in group_options("drafter")
-            if isinstance(_shape({**_defaults(name), "_target_": option_target("drafter", name), "name": name}),
-                          CustomDrafter)]
-
-
-def _defaults(name: str) -> dict:
-    from omegaconf import OmegaConf
-
-    from specbench.config import CONF_DIR
-
-    node = OmegaConf.load(CONF_DIR / "drafter" / f"{name}.yaml")
-    values = {}
-    for entry in node.get("defaults", []):
-        if isinstance(entry, str) and entry != "_self_":
-            values.update(_defaults(entry))
-    values.update({key: value for key, value in node.items() if key != "defaults"})
-    return values
+            if isinstance(_shape(option_values("drafter", name)), CustomDrafter)]
 
 
 def custom_drafter(drafter: dict) -> CustomDrafter:

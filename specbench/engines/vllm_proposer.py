@@ -32,7 +32,6 @@ it, or fail inside its buffers).
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -83,11 +82,11 @@ class TargetIdentity:
     @staticmethod
     def of(model) -> TargetIdentity:
         """The identity of a loaded model (``specbench.models.LoadedModel``)."""
-        tokenizer = model.tokenizer
-        name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
-        eos = getattr(tokenizer, "eos_token_id", None)
+        from specbench.artefacts.statistics_datastore import tokenizer_name
+
+        eos = getattr(model.tokenizer, "eos_token_id", None)
         return TargetIdentity(model.name, model.source, int(model.vocab_size), frozenset(map(int, model.eos_token_ids)),
-                              model.tokenizer_fingerprint, name, None if eos is None else int(eos))
+                              model.tokenizer_fingerprint, tokenizer_name(model.tokenizer), None if eos is None else int(eos))
 
     def to_config(self) -> dict:
         return {"name": self.name, "source": self.source, "vocab_size": self.vocab_size,
@@ -127,18 +126,17 @@ class ProposerSpec:
 def build_drafter(node: dict) -> Drafter:
     """The drafter a resolved drafter group names, built without Hydra (vLLM's GPU images have none): its
     ``_target_`` class called with the group's other keys, as ``hydra.utils.instantiate`` would."""
-    module, _, name = str(node["_target_"]).rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    return cls(**{key: value for key, value in node.items() if key != "_target_"})
+    from specbench.targets.choice import locate
+
+    return locate(str(node["_target_"]))(**{key: value for key, value in node.items() if key != "_target_"})
 
 
 @dataclass
 class RequestFork:
-    """One request's fork of the drafter: what it last saw (the request's tokens when it proposed), its last
-    draft (as proposed, and the draft indices of the chain vLLM was given), and its step count."""
+    """One request's fork of the drafter (``RequestDrafters.forks`` keys it by the request's tokens when it last
+    proposed): its last draft (as proposed, and the draft indices of the chain vLLM was given), and its step count."""
 
     drafter: Drafter
-    seen: bytes = b""
     draft: Draft = field(default_factory=Draft.empty)
     chain_nodes: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     steps: int = 0
@@ -183,6 +181,7 @@ class RequestDrafters:
         self.cut_to_chain = cut_to_chain
         self.counters = counters
         self.forks: dict[bytes, RequestFork] = {}  # keyed by the tokens each fork saw last
+        self._longest_call_s = 0.0
 
     def propose(self, sampled_token_ids: list, num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 max_model_len: int | None = None) -> list[list[int]]:
@@ -224,15 +223,14 @@ class RequestDrafters:
                 chains[row] = self._draft(fork, context, room)
                 requests += 1
                 proposed += len(chains[row])
-            fork.seen = context.tobytes()
-            kept[fork.seen] = fork
+            kept[context.tobytes()] = fork
         self.forks = kept
         seconds = time.perf_counter() - started
         if self.counters is not None:
+            self._longest_call_s = max(self._longest_call_s, seconds)
             self.counters.add(calls=1, requests=requests, proposed_tokens=proposed, draft_s=seconds,
                               forks_started=started_forks, rebuilt=rebuilt, dropped=dropped)
-            values = self.counters.read()
-            self.counters.set(max_call_s=max(values["max_call_s"], seconds), live_forks=len(kept))
+            self.counters.set(max_call_s=self._longest_call_s, live_forks=len(kept))
         return chains
 
     def _draft(self, fork: RequestFork, context: np.ndarray, room: int) -> list[int]:
